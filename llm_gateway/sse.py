@@ -1,0 +1,235 @@
+"""Server-sent events, sans-IO: feed bytes as they arrive, get events (and stream facts) back.
+
+Runs on every chunk of every streamed response, so lines are cut with bytes.split/replace rather
+than by walking bytes in Python, and each block of complete lines is decoded once.
+"""
+
+import json
+from dataclasses import dataclass
+
+from llm_gateway.usage import Usage, usage_from_payload
+
+_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(slots=True)
+class SSEEvent:
+    data: str
+    event: str | None = None  # None means the spec's default type, "message"
+    id: str | None = None
+
+
+class SSEParser:
+    """Incremental event-stream parser following the WHATWG rules.
+
+    See https://html.spec.whatwg.org/multipage/server-sent-events.html#event-stream-interpretation
+
+    `retry` and last-event-id persistence are left out: a relaying gateway never reconnects.
+    """
+
+    __slots__ = ("_at_stream_start", "_data", "_event", "_id", "_partial_line", "_skip_next_lf")
+
+    def __init__(self) -> None:
+        # Bytes of a line whose terminator has not arrived yet; never contains CR or LF.
+        self._partial_line = bytearray()
+        self._at_stream_start = True
+        # A chunk ended in CR: if the next one starts with LF, that LF belongs to the same CRLF.
+        self._skip_next_lf = False
+        self._data: list[str] | None = None  # None until a data line is seen in this event
+        self._event: str | None = None
+        self._id: str | None = None
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """Return the events completed by `chunk`."""
+        if self._at_stream_start:
+            # Hold the first bytes back until we can tell whether they are a (split) BOM.
+            self._partial_line += chunk
+            if len(self._partial_line) < len(_BOM) and _BOM.startswith(self._partial_line):
+                return []
+            self._at_stream_start = False
+            chunk = bytes(self._partial_line)
+            self._partial_line.clear()
+            if chunk.startswith(_BOM):
+                chunk = chunk[len(_BOM) :]
+
+        if self._skip_next_lf and chunk:
+            self._skip_next_lf = False
+            if chunk[0] == 0x0A:
+                chunk = chunk[1:]
+        if b"\r" in chunk:
+            # Safe to normalise per chunk: a CRLF split across chunks is handled by
+            # _skip_next_lf, and _partial_line holds no CR that could pair with this chunk.
+            self._skip_next_lf = chunk.endswith(b"\r")
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+
+        last_lf = chunk.rfind(b"\n")
+        if last_lf < 0:
+            self._partial_line += chunk
+            return []
+        complete = chunk[: last_lf + 1]
+        if self._partial_line:
+            complete = bytes(self._partial_line) + complete
+            self._partial_line.clear()
+        self._partial_line += chunk[last_lf + 1 :]
+
+        # Decoding the whole block at once equals decoding line by line: LF never occurs inside
+        # a UTF-8 sequence, and the decoder never swallows it while replacing invalid bytes.
+        lines = complete.decode("utf-8", "replace").split("\n")
+        lines.pop()  # the empty string after the final LF
+        return self._process_lines(lines)
+
+    def close(self) -> list[SSEEvent]:
+        """Mark the end of the stream. An event without its blank line is discarded (per spec)."""
+        self._partial_line.clear()
+        self._at_stream_start = False
+        self._skip_next_lf = False
+        self._reset_event()
+        return []
+
+    def _process_lines(self, lines: list[str]) -> list[SSEEvent]:
+        events: list[SSEEvent] = []
+        for line in lines:
+            if not line:
+                if self._data is not None:
+                    events.append(SSEEvent("\n".join(self._data), self._event, self._id))
+                self._reset_event()
+                continue
+            if line[0] == ":":
+                continue
+            colon = line.find(":")
+            if colon < 0:
+                field, value = line, ""
+            else:
+                field = line[:colon]
+                value = line[colon + 2 :] if line.startswith(" ", colon + 1) else line[colon + 1 :]
+            if field == "data":
+                if self._data is None:
+                    self._data = [value]
+                else:
+                    self._data.append(value)
+            elif field == "event":
+                self._event = value or None
+            elif field == "id" and "\0" not in value:
+                self._id = value
+        return events
+
+    def _reset_event(self) -> None:
+        self._data = None
+        self._event = None
+        self._id = None
+
+
+class StreamObserver:
+    """Watches an OpenAI-compatible SSE stream being relayed and records what it says.
+
+    Only observes: the caller relays the original bytes untouched. Garbage is counted, never
+    raised, because a broken upstream frame must not break the relay.
+    """
+
+    __slots__ = (
+        "_parser",
+        "done",
+        "error",
+        "event_count",
+        "finish_reasons",
+        "first_event_at",
+        "last_event_at",
+        "malformed_count",
+        "max_gap",
+        "model",
+        "response_id",
+        "usage",
+    )
+
+    def __init__(self) -> None:
+        self._parser = SSEParser()
+        self.response_id: str | None = None
+        self.model: str | None = None
+        self.finish_reasons: list[str] = []
+        self.usage: Usage | None = None
+        self.error: dict[str, str | None] | None = None
+        self.done = False
+        self.event_count = 0
+        self.malformed_count = 0
+        self.first_event_at: float | None = None
+        self.last_event_at: float | None = None
+        self.max_gap = 0.0
+
+    def feed(self, chunk: bytes, now: float) -> None:
+        """Observe `chunk`; `now` is the caller's time.monotonic() when it arrived."""
+        for event in self._parser.feed(chunk):
+            self._observe(event, now)
+
+    def close(self) -> None:
+        for event in self._parser.close():
+            self._observe(event, None)
+
+    def _observe(self, event: SSEEvent, now: float | None) -> None:
+        self.event_count += 1
+        if now is not None:
+            if self.last_event_at is None:
+                self.first_event_at = now
+            else:
+                self.max_gap = max(self.max_gap, now - self.last_event_at)
+            self.last_event_at = now
+
+        data = event.data
+        if data == "[DONE]":
+            self.done = True
+            return
+        try:
+            payload = json.loads(data)
+        except (ValueError, RecursionError):
+            self.malformed_count += 1
+            return
+        if not isinstance(payload, dict):
+            # Valid JSON, but no OpenAI-compatible frame is anything other than an object.
+            self.malformed_count += 1
+            return
+
+        if "error" in payload:
+            error = _normalise_error(payload["error"])
+            # The first error is the cause; anything after it is usually fallout.
+            if error is not None and self.error is None:
+                self.error = error
+        if self.response_id is None:
+            response_id = payload.get("id")
+            if isinstance(response_id, str):
+                self.response_id = response_id
+        if not self.model:
+            model = payload.get("model")
+            if isinstance(model, str) and model:
+                self.model = model
+        choices = payload.get("choices")
+        if isinstance(choices, list):
+            for choice in choices:
+                if isinstance(choice, dict):
+                    finish_reason = choice.get("finish_reason")
+                    if isinstance(finish_reason, str):
+                        self.finish_reasons.append(finish_reason)
+        usage = usage_from_payload(payload)
+        if usage is not None:
+            self.usage = usage
+
+
+def _normalise_error(error: object) -> dict[str, str | None] | None:
+    """OpenAI's {"message", "type", "code"} object or Venice's bare string, as one shape."""
+    if isinstance(error, str):
+        return {"message": error, "type": None, "code": None}
+    if isinstance(error, dict):
+        message = error.get("message")
+        return {
+            "message": message if isinstance(message, str) else json.dumps(error),
+            "type": _optional_str(error.get("type")),
+            "code": _optional_str(error.get("code")),
+        }
+    return None  # e.g. "error": null on an otherwise normal frame
+
+
+def _optional_str(value: object) -> str | None:
+    # Some upstreams send numeric codes (429); keep them, as text, but drop nested junk.
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return None
