@@ -1,0 +1,212 @@
+"""ASGI adapter: GatewayMiddleware(app) and the standalone gateway app.
+
+Pure ASGI (no BaseHTTPMiddleware): the request body is read once, with its size limit;
+responses are passed to ``send`` chunk by chunk as the engine yields them, so a stream
+is never buffered. Everything about policy is the engine's; this module translates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from llm_gateway.config import Settings, load_settings
+from llm_gateway.engine import Exchange, Gateway, IncomingRequest
+from llm_gateway.errors import Rejection, error_body
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+__all__ = ["GatewayMiddleware", "create_app"]
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def _encode_headers(headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+
+
+async def _send_json(send: Send, status: int, body: bytes,
+                     headers: list[tuple[str, str]] | None = None) -> None:
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": _encode_headers([
+            ("content-type", "application/json"),
+            ("content-length", str(len(body))),
+            *(headers or []),
+        ]),
+    })
+    await send({"type": "http.response.body", "body": body})
+
+
+class GatewayMiddleware:
+    """Serves the gateway under ``prefix`` (default ``/v1``) plus ``/healthz`` and
+    ``/readyz``; every other request goes to the wrapped app."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        gateway: Gateway | None = None,
+        *,
+        settings: Settings | None = None,
+        prefix: str | None = None,
+    ) -> None:
+        self.app = app
+        self.gateway = gateway or Gateway(settings or load_settings())
+        chosen = prefix if prefix is not None else self.gateway.settings.api_prefix
+        self.prefix = chosen.rstrip("/")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            path: str = scope["path"]
+            if path.startswith(self.prefix + "/"):
+                relative = path[len(self.prefix):]
+                if self.gateway.endpoint_for(scope["method"], relative) is not None:
+                    await self._serve(scope, receive, send, relative)
+                    return
+            elif path == "/healthz":
+                await _send_json(send, 200, b'{"status":"ok"}')
+                return
+            elif path == "/readyz":
+                if await self.gateway.ready():
+                    await _send_json(send, 200, b'{"status":"ready"}')
+                else:
+                    body = error_body("The key store is not reachable.",
+                                      "service_unavailable", "store_unavailable")
+                    await _send_json(send, 503, body)
+                return
+        elif kind == "lifespan":
+            await self.app(scope, self._lifespan_receive(receive), send)
+            return
+        await self.app(scope, receive, send)
+
+    def _lifespan_receive(self, receive: Receive) -> Receive:
+        async def wrapped() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.gateway.start()
+            elif message["type"] == "lifespan.shutdown":
+                await self.gateway.close()
+            return message
+
+        return wrapped
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+        headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]]
+        try:
+            body = await self._read_body(receive, headers)
+        except _BodyTooLarge:
+            rejection = self.gateway.body_too_large()
+            await _send_json(send, rejection.status, rejection.body, rejection.headers)
+            return
+        except _ClientGone:
+            return
+        request = IncomingRequest(
+            method=scope["method"], path=path, headers=headers, body=body, adapter="asgi",
+            query=scope.get("query_string", b"").decode("latin-1"),
+        )
+        admitted = await self.gateway.admit(request)
+        if isinstance(admitted, Rejection):
+            await _send_json(send, admitted.status, admitted.body, admitted.headers)
+            return
+        await self._relay(admitted, receive, send)
+
+    async def _read_body(self, receive: Receive, headers: list[tuple[str, str]]) -> bytes:
+        limit = self.gateway.settings.request_body_limit_bytes
+        for name, value in headers:
+            if name == "content-length" and value.isdigit() and int(value) > limit:
+                raise _BodyTooLarge
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _BodyTooLarge
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts)
+
+    async def _relay(self, exchange: Exchange, receive: Receive, send: Send) -> None:
+        # ASGI servers drop writes to a vanished client silently, so a watcher on
+        # `receive` is the one reliable signal: it cancels the relay, which closes the
+        # upstream response and lets finish() record the disconnect.
+        relay_task = asyncio.current_task()
+        assert relay_task is not None
+        gone = False
+
+        async def watch_disconnect() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            relay_task.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(watch_disconnect())
+        response = None
+        try:
+            response = await exchange.respond()
+            await send({
+                "type": "http.response.start",
+                "status": response.status,
+                "headers": _encode_headers(
+                    response.headers if response.chunks is not None
+                    else [*response.headers, ("content-length", str(len(response.body)))]
+                ),
+            })
+            if response.chunks is None:
+                await send({"type": "http.response.body", "body": response.body})
+            else:
+                async for chunk in response.chunks:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b""})
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            relay_task.uncancel()
+        finally:
+            watcher.cancel()
+            if response is not None and response.chunks is not None:
+                await response.chunks.aclose()  # type: ignore[attr-defined]
+            exchange.finish(client_disconnected=gone)
+
+
+async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    if scope["type"] != "http":
+        return
+    body = json.dumps({"error": {
+        "message": f"No route for {scope['method']} {scope['path']}.",
+        "type": "invalid_request_error", "code": "not_found",
+    }}).encode()
+    await _send_json(send, 404, body)
+
+
+def create_app(
+    settings: Settings | None = None, *, gateway: Gateway | None = None, prefix: str | None = None
+) -> GatewayMiddleware:
+    """The standalone gateway: the middleware around an app that answers 404."""
+    return GatewayMiddleware(_not_found, gateway, settings=settings, prefix=prefix)

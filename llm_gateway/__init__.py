@@ -1,0 +1,1 @@
+"""llm-gateway: one policy engine for OpenAI-compatible LLM traffic."""

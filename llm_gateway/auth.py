@@ -1,0 +1,87 @@
+"""Who is calling: gateway-key authentication with a short-lived lookup cache.
+
+Order of checks is cheapest first: the Bearer header's shape, the key's checksum (a
+forged or mistyped key never costs a lookup), then the store by prefix, then a
+constant-time hash comparison, then the key's own state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from llm_gateway.errors import Rejection, reject
+from llm_gateway.keys import KeyRecord, hash_matches, is_well_formed, key_prefix
+from llm_gateway.stores import Store
+
+# How long a key lookup is trusted. Bounds how late a revocation made on another
+# process (CLI, another replica) takes effect.
+KEY_CACHE_SECONDS = 2.0
+# last_used_at is bookkeeping, not policy: write it at most this often per key.
+TOUCH_INTERVAL_SECONDS = 60.0
+
+
+def _unauthorized(message: str) -> Rejection:
+    return reject(401, message, "authentication_error", "invalid_api_key")
+
+
+class Authenticator:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        cache_seconds: float = KEY_CACHE_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._cache_seconds = cache_seconds
+        self._clock = clock
+        self._cache: dict[str, tuple[float, KeyRecord]] = {}
+        self._touched: dict[str, float] = {}
+        self.pending_touches: dict[str, float] = {}
+
+    async def authenticate(self, authorization: str | None) -> KeyRecord | Rejection:
+        if not authorization:
+            return _unauthorized(
+                "Missing gateway key: send it as 'Authorization: Bearer <gateway key>'."
+            )
+        scheme, _, token = authorization.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return _unauthorized("Malformed Authorization header: expected 'Bearer <gateway key>'.")
+        if not is_well_formed(token):
+            return _unauthorized("Invalid gateway key.")
+        now = self._clock()
+        record = await self._lookup(key_prefix(token), now)
+        if record is None or not hash_matches(token, record.key_hash):
+            return _unauthorized("Invalid gateway key.")
+        refusal = record.refusal(now)
+        if refusal is not None:
+            return _unauthorized(f"Gateway key {record.prefix}… is {refusal}.")
+        if now - self._touched.get(record.id, 0.0) >= TOUCH_INTERVAL_SECONDS:
+            self._touched[record.id] = now
+            self.pending_touches[record.id] = now
+        return record
+
+    async def _lookup(self, prefix: str, now: float) -> KeyRecord | None:
+        cached = self._cache.get(prefix)
+        if cached is not None and now - cached[0] < self._cache_seconds:
+            return cached[1]
+        record = await self._store.key_by_prefix(prefix)
+        # Only hits are cached: a key created a moment ago must work at once.
+        if record is not None:
+            self._cache[prefix] = (now, record)
+        else:
+            self._cache.pop(prefix, None)
+        return record
+
+    def forget(self, prefix: str | None = None) -> None:
+        """Drop cached lookups (all, or one prefix): after a revoke in this process."""
+        if prefix is None:
+            self._cache.clear()
+        else:
+            self._cache.pop(prefix, None)
+
+    def take_touches(self) -> dict[str, float]:
+        touches, self.pending_touches = self.pending_touches, {}
+        return touches
