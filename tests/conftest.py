@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from asgi_middleware import create_app
+from llm_gateway.config import Secret, Settings
+from llm_gateway.engine import Gateway
+from llm_gateway.fake_upstream import FakeUpstream, running_fake_upstream
+from llm_gateway.keys import KeyRecord
+from llm_gateway.metering import UsageRecord
+from llm_gateway.upstream import Upstream
+from tests.support import create_key, serve_in_thread
+
+
+@pytest.fixture(scope="session")
+def fake_server() -> Iterator[tuple[FakeUpstream, str]]:
+    with running_fake_upstream(FakeUpstream()) as running:
+        yield running
+
+
+@pytest.fixture
+def fake(fake_server: tuple[FakeUpstream, str]) -> FakeUpstream:
+    fake_server[0].reset()
+    return fake_server[0]
+
+
+@pytest.fixture
+def fake_url(fake_server: tuple[FakeUpstream, str], fake: FakeUpstream) -> str:
+    return fake_server[1]
+
+
+@dataclass
+class RunningGateway:
+    url: str
+    gateway: Gateway
+    database_url: str
+    loop_holder: list[asyncio.AbstractEventLoop]
+
+    def key(self, **options: object) -> str:
+        return create_key(self.database_url, **options)[1]
+
+    def key_with_record(self, **options: object) -> tuple[KeyRecord, str]:
+        return create_key(self.database_url, **options)
+
+    def records(self) -> list[UsageRecord]:
+        """Usage records as durably stored, after flushing what is pending."""
+        from llm_gateway.stores.sqlite import SqliteStore
+
+        async def read() -> list[UsageRecord]:
+            store = SqliteStore.from_url(self.database_url)
+            try:
+                return await store.usage_records()
+            finally:
+                await store.close()
+
+        # The writer flushes every 0.2 s from the server's loop; wait for it.
+        import time
+
+        deadline = time.monotonic() + 5
+        while self.gateway.usage._pending and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.05)
+        return asyncio.run(read())
+
+
+def make_settings(tmp_path: Path, upstream_url: str, **overrides: object) -> Settings:
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'gateway.db'}",
+        venice_api_key=Secret("sk-fake-upstream"),
+        venice_base_url=upstream_url,
+    )
+    return dataclasses.replace(settings, **overrides)
+
+
+@pytest.fixture
+def start_gateway(tmp_path: Path, fake_url: str):  # type: ignore[no-untyped-def]
+    """Start an in-thread gateway (real socket) with settings and upstream overrides."""
+    stack: list = []
+
+    def start(upstream_url: str | None = None, *, backoff_base: float = 0.01,
+              **overrides: object) -> RunningGateway:
+        settings = make_settings(tmp_path, upstream_url or fake_url, **overrides)
+        upstream = Upstream(
+            name="venice", base_url=settings.venice_base_url,
+            api_key=settings.require_provider_key(), max_retries=settings.venice_max_retries,
+            timeout=settings.request_timeout_seconds, backoff_base=backoff_base,
+        )
+        gateway = Gateway(settings, upstream=upstream, key_cache_seconds=0)
+        context = serve_in_thread(create_app(settings, gateway=gateway))
+        url = context.__enter__()
+        stack.append(context)
+        return RunningGateway(url, gateway, settings.database_url, [])
+
+    yield start
+    for context in reversed(stack):
+        context.__exit__(None, None, None)
+
+
+@pytest.fixture
+def gw(start_gateway) -> RunningGateway:  # type: ignore[no-untyped-def]
+    return start_gateway()

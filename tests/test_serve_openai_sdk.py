@@ -1,0 +1,140 @@
+"""`llm-gateway serve` as a real process, called with the official openai SDK."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from llm_gateway.fake_upstream import FakeUpstream
+from tests.support import create_key, gateway_process
+
+MESSAGES = [{"role": "user", "content": "Tell me a story"}]
+
+
+@pytest.fixture(scope="module")
+def served(fake_server: tuple[FakeUpstream, str], tmp_path_factory) -> Iterator[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    _, fake_url = fake_server
+    database_url = f"sqlite:///{tmp_path_factory.mktemp('serve') / 'gateway.db'}"
+    _, key = create_key(database_url, name="sdk", rate_limit_requests=1000)
+    env = {"DATABASE_URL": database_url, "VENICE_API_KEY": "sk-fake-upstream",
+           "VENICE_BASE_URL": fake_url}
+    with gateway_process(env) as url:
+        yield url, key
+
+
+def upstream_saw_only_the_server_key(fake: FakeUpstream, gateway_key: str) -> None:
+    assert fake.requests
+    for seen in fake.requests:
+        assert seen.headers["authorization"] == "Bearer sk-fake-upstream"
+        assert gateway_key not in json.dumps(seen.headers)
+        assert gateway_key.encode() not in seen.body
+
+
+def test_sync_json_and_passthrough_fields(served, fake: FakeUpstream) -> None:
+    url, key = served
+    client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+    completion = client.chat.completions.create(
+        model="llama-3.3-70b", messages=MESSAGES, temperature=0.25,  # type: ignore[arg-type]
+        extra_body={"venice_parameters": {"include_venice_system_prompt": False,
+                                          "enable_web_search": "auto"}},
+    )
+    assert completion.choices[0].message.content
+    assert completion.usage is not None and completion.usage.total_tokens > 0
+    [seen] = fake.requests
+    assert seen.json["temperature"] == 0.25
+    assert seen.json["venice_parameters"] == {"include_venice_system_prompt": False,
+                                              "enable_web_search": "auto"}
+    # The gateway added nothing to the body (Venice refuses unknown top-level fields).
+    assert set(seen.json) == {"model", "messages", "temperature", "venice_parameters"}
+    upstream_saw_only_the_server_key(fake, key)
+
+
+def test_sync_stream(served, fake: FakeUpstream) -> None:
+    url, key = served
+    client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+    stream = client.chat.completions.create(
+        model="llama-3.3-70b", messages=MESSAGES, stream=True,  # type: ignore[arg-type]
+        stream_options={"include_usage": True}, temperature=0.7,
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.startswith("This is chunk 0")
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    assert fake.requests[0].json["stream_options"] == {"include_usage": True}
+    assert fake.requests[0].json["temperature"] == 0.7
+    upstream_saw_only_the_server_key(fake, key)
+
+
+async def test_async_json_and_stream(served, fake: FakeUpstream) -> None:
+    url, key = served
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+    completion = await client.chat.completions.create(
+        model="qwen3-4b", messages=MESSAGES  # type: ignore[arg-type]
+    )
+    assert completion.model == "qwen3-4b" and completion.choices[0].message.content
+    stream = await client.chat.completions.create(
+        model="qwen3-4b", messages=MESSAGES, stream=True  # type: ignore[arg-type]
+    )
+    pieces = [c.choices[0].delta.content async for c in stream if c.choices]
+    assert "".join(p or "" for p in pieces).startswith("This is chunk 0")
+    upstream_saw_only_the_server_key(fake, key)
+    await client.close()
+
+
+def test_embeddings_and_models(served, fake: FakeUpstream) -> None:
+    url, key = served
+    client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+    embedding = client.embeddings.create(model="text-embedding-bge-m3", input="hello world")
+    assert len(embedding.data[0].embedding) > 0
+    assert {m.id for m in client.models.list()} >= {"llama-3.3-70b", "qwen3-4b"}
+    upstream_saw_only_the_server_key(fake, key)
+
+
+def test_sdk_reads_gateway_and_upstream_errors(served, fake: FakeUpstream) -> None:
+    url, key = served
+    bad = openai.OpenAI(base_url=url + "/v1", api_key="llmg_not-a-real-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as raised:
+        bad.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    assert raised.value.code == "invalid_api_key"
+    assert fake.requests == []
+
+
+def test_stream_is_not_buffered(served, fake: FakeUpstream) -> None:
+    """With 300 ms between upstream chunks, the client holds the first content chunk
+    before the upstream has sent the second one."""
+    url, key = served
+    client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+    stream = client.chat.completions.create(
+        model="llama-3.3-70b", messages=MESSAGES, stream=True,  # type: ignore[arg-type]
+        extra_headers={"x-fake-chunks": "3", "x-fake-chunk-delay-ms": "300"},
+    )
+    first_content_at = None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            first_content_at = time.monotonic()
+            break
+    assert first_content_at is not None
+    list(stream)
+    [seen] = fake.requests
+    assert len(seen.chunk_sent_at) == 3
+    # The fake upstream runs in this process: one monotonic clock for both sides.
+    assert seen.chunk_sent_at[0] <= first_content_at < seen.chunk_sent_at[1]
+
+
+def test_serve_without_provider_key_refuses_to_start(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from tests.support import BIN
+
+    env = {k: v for k, v in os.environ.items() if k != "VENICE_API_KEY"}
+    env["DATABASE_URL"] = f"sqlite:///{tmp_path / 'x.db'}"
+    result = subprocess.run([str(BIN / "llm-gateway"), "serve"], env=env, capture_output=True,
+                            text=True, timeout=30)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("llm-gateway: VENICE_API_KEY:")
