@@ -125,6 +125,12 @@ def cmd_fake_upstream(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sidecar(args: argparse.Namespace, rest: Sequence[str]) -> int:
+    from llm_gateway.sidecar import sidecar_main
+
+    return sidecar_main(list(rest), _settings(args))
+
+
 def cmd_injector(args: argparse.Namespace, rest: Sequence[str]) -> int:
     from llm_gateway.injector import injector_main
 
@@ -284,6 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
     fake.add_argument("--usage-mode", choices=["venice", "openai"], default="venice")
     fake.set_defaults(handler=cmd_fake_upstream)
 
+    commands.add_parser(
+        "sidecar", help="run the mitmproxy sidecar (HTTPS_PROXY or reverse proxy)", add_help=False
+    ).set_defaults(handler=cmd_sidecar, passthrough=True)
     commands.add_parser(
         "injector", help="run the Kubernetes pod-injection webhook", add_help=False
     ).set_defaults(handler=cmd_injector, passthrough=True)

@@ -96,7 +96,7 @@ def test_embeddings_and_models(served, fake: FakeUpstream) -> None:
 
 
 def test_sdk_reads_gateway_and_upstream_errors(served, fake: FakeUpstream) -> None:
-    url, key = served
+    url, _key = served
     bad = openai.OpenAI(base_url=url + "/v1", api_key="llmg_not-a-real-key", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as raised:
         bad.chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
