@@ -80,6 +80,14 @@ class GatewayMiddleware:
             elif path == "/healthz":
                 await _send_json(send, 200, b'{"status":"ok"}')
                 return
+            elif path == "/metrics":
+                body, content_type = self.gateway.telemetry.metrics()
+                await send({"type": "http.response.start", "status": 200, "headers": [
+                    (b"content-type", content_type.encode()),
+                    (b"content-length", str(len(body)).encode()),
+                ]})
+                await send({"type": "http.response.body", "body": body})
+                return
             elif path == "/readyz":
                 if await self.gateway.ready():
                     await _send_json(send, 200, b'{"status":"ready"}')

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import httpx
+from opentelemetry.trace import TracerProvider
 
 from llm_gateway.auth import Authenticator
 from llm_gateway.config import Settings
@@ -29,6 +30,7 @@ from llm_gateway.limits import LimitDecision, MemoryRateLimiter, RateLimiter
 from llm_gateway.metering import UsageRecord, UsageWriter
 from llm_gateway.sse import StreamObserver
 from llm_gateway.stores import Store, open_store
+from llm_gateway.telemetry import Telemetry
 from llm_gateway.upstream import Upstream, UpstreamClient, UpstreamFailure
 from llm_gateway.usage import usage_from_payload
 
@@ -321,7 +323,7 @@ class Exchange:
             record.error_type = "client_disconnected"
             if self.status is None or not self.is_sse:
                 record.status = 499  # the client closed the request (nginx's convention)
-        self.gateway.record(record)
+        self.gateway.record(record, self)
         return record
 
 
@@ -337,6 +339,7 @@ class Gateway:
         client: UpstreamClient | None = None,
         upstream: Upstream | None = None,
         key_cache_seconds: float | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         self.settings = settings
         self.store = store or open_store(settings.database_url)
@@ -352,6 +355,7 @@ class Gateway:
         auth_options = {} if key_cache_seconds is None else {"cache_seconds": key_cache_seconds}
         self.auth = Authenticator(self.store, **auth_options)
         self.usage = UsageWriter(self.store)
+        self.telemetry = Telemetry(settings, tracer_provider)
         self.endpoints = {
             (method, path): Endpoint(method, path, _KIND_BY_PATH.get(path, EndpointKind.OTHER))
             for method, _, path in (e.partition(" ") for e in settings.allowed_endpoints)
@@ -380,6 +384,7 @@ class Gateway:
         await self.client.aclose()
         await self.limiter.close()
         await self.store.close()
+        self.telemetry.shutdown()
         self._started = False
 
     async def flush(self) -> None:
@@ -407,8 +412,9 @@ class Gateway:
         if touches:
             await self.store.touch_keys(touches)
 
-    def record(self, record: UsageRecord) -> None:
+    def record(self, record: UsageRecord, exchange: Exchange) -> None:
         self.usage.add(record)
+        self.telemetry.finished(exchange, record)
         self.last_records.append(record)
         del self.last_records[:-100]
 
@@ -420,6 +426,12 @@ class Gateway:
     async def admit(self, request: IncomingRequest) -> Exchange | Rejection:
         if not self._started:
             await self.start()
+        admitted = await self._admit(request)
+        if isinstance(admitted, Rejection):
+            self.telemetry.rejected(request.adapter, admitted)
+        return admitted
+
+    async def _admit(self, request: IncomingRequest) -> Exchange | Rejection:
         endpoint = self.endpoint_for(request.method, request.path)
         if endpoint is None:
             return reject(

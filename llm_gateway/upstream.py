@@ -9,6 +9,7 @@ import email.utils
 import random
 import time
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -30,6 +31,10 @@ class Upstream:
     connect_timeout: float = 5.0
     backoff_base: float = 0.5
     backoff_max: float = 8.0
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.base_url).hostname or ""
 
     def url(self, path: str, query: str = "") -> str:
         return f"{self.base_url}{path}" + (f"?{query}" if query else "")
