@@ -64,3 +64,13 @@ def test_bad_value_stops_start_up_with_one_line_and_status_2(tmp_path: Path) -> 
     assert result.stderr.strip() == (
         "llm-gateway: REQUEST_TIMEOUT_SECONDS: expected a number of seconds, got 'soon'"
     )
+
+
+def test_example_config_file_loads() -> None:
+    from tests.support import REPO
+
+    settings = load_settings({}, str(REPO / "config" / "gateway.example.yaml"))
+    assert settings.allowed_endpoints == (
+        "POST /chat/completions", "POST /embeddings", "GET /models"
+    )
+    assert settings.extra == {}  # every key in the example is a known setting
