@@ -156,3 +156,29 @@ def test_sqlite_file_never_holds_a_key_in_plain_text(gw, fake) -> None:  # type:
         assert key[12:].encode() not in contents  # not even the secret part
         assert key_prefix(key).encode() in contents  # the prefix is stored, for lookups
     assert b"sk-fake-upstream" not in contents
+
+
+def test_last_used_at_is_written_in_batches_not_per_request(  # type: ignore[no-untyped-def]
+    tmp_path: Path, fake_url, fake
+) -> None:
+    from asgi_middleware import create_app
+    from llm_gateway.engine import Gateway
+    from tests.conftest import make_settings
+    from tests.support import create_key, serve_in_thread
+
+    settings = make_settings(tmp_path, fake_url)
+    record, key = create_key(settings.database_url)
+    gateway = Gateway(settings)
+    database = tmp_path / "gateway.db"
+    with serve_in_thread(create_app(settings, gateway=gateway)) as url:
+        for _ in range(3):
+            response = httpx.get(url + "/v1/models", headers={"authorization": f"Bearer {key}"})
+            assert response.status_code == 200
+        # Not yet written: touches are batched off the request path.
+        row = sqlite3.connect(database).execute(
+            "SELECT last_used_at FROM gateway_keys WHERE id = ?", (record.id,)).fetchone()
+        assert row == (None,)
+    # Shutdown flushes the pending touch.
+    [(last_used,)] = sqlite3.connect(database).execute(
+        "SELECT last_used_at FROM gateway_keys WHERE id = ?", (record.id,)).fetchall()
+    assert last_used is not None and abs(last_used - time.time()) < 30
