@@ -89,17 +89,27 @@ class GatewayMiddleware:
                 await send({"type": "http.response.body", "body": body})
                 return
             elif path == "/readyz":
-                if await self.gateway.ready():
-                    await _send_json(send, 200, b'{"status":"ready"}')
-                else:
-                    body = error_body("The key store is not reachable.",
-                                      "service_unavailable", "store_unavailable")
-                    await _send_json(send, 503, body)
+                await self._readyz(send)
                 return
         elif kind == "lifespan":
             await self.app(scope, self._lifespan_receive(receive), send)
             return
         await self.app(scope, receive, send)
+
+    async def _readyz(self, send: Send) -> None:
+        """200 "ready" or "degraded" (a backend is down and fail-open keeps serving: stay
+        in rotation), 503 "unavailable" (fail-closed refuses): with each backend's state."""
+        readiness = await self.gateway.readiness()
+        payload: dict[str, Any] = {"status": readiness.status, "checks": readiness.checks}
+        if not readiness.ready:
+            failing = [name for name, check in readiness.checks.items()
+                       if check["state"] == "unavailable"]
+            message = " and ".join(f"the {name.replace('_', ' ')}" for name in failing)
+            code = "store_unavailable" if "key_store" in failing else f"{failing[0]}_unavailable"
+            payload["error"] = json.loads(error_body(
+                f"{message.capitalize()} is not reachable.", "service_unavailable", code
+            ))["error"]
+        await _send_json(send, 200 if readiness.ready else 503, json.dumps(payload).encode())
 
     def _lifespan_receive(self, receive: Receive) -> Receive:
         async def wrapped() -> Message:

@@ -3,19 +3,28 @@
 Order of checks is cheapest first: the Bearer header's shape, the key's checksum (a
 forged or mistyped key never costs a lookup), then the store by prefix, then a
 constant-time hash comparison, then the key's own state.
+
+When the store does not answer, the failure policy decides: fail-closed (the default)
+answers 503 for any key whose cached lookup has expired; fail-open keeps serving keys
+this process looked up before the outage, however old the lookup. Neither ever admits a
+key the store has not confirmed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
+from llm_gateway.config import FailurePolicy
 from llm_gateway.errors import Rejection, reject
 from llm_gateway.keys import KeyRecord, hash_matches, is_well_formed, key_prefix
-from llm_gateway.stores import Store
+from llm_gateway.outage import Outage
+from llm_gateway.stores import Store, StoreUnavailable
 
 # How long a key lookup is trusted. Bounds how late a revocation made on another
-# process (CLI, another replica) takes effect.
+# process (CLI, another replica) takes effect: at most this long after the revoking
+# statement commits, every replica refuses the key.
 KEY_CACHE_SECONDS = 2.0
 # last_used_at is bookkeeping, not policy: write it at most this often per key.
 TOUCH_INTERVAL_SECONDS = 60.0
@@ -25,6 +34,13 @@ def _unauthorized(message: str) -> Rejection:
     return reject(401, message, "authentication_error", "invalid_api_key")
 
 
+def _store_unavailable() -> Rejection:
+    return reject(
+        503, "The gateway's key store is not reachable, so the key cannot be checked. "
+        "Retry shortly.", "service_unavailable", "key_store_unavailable", [("retry-after", "1")],
+    )
+
+
 class Authenticator:
     def __init__(
         self,
@@ -32,11 +48,21 @@ class Authenticator:
         *,
         cache_seconds: float = KEY_CACHE_SECONDS,
         clock: Callable[[], float] = time.time,
+        failure_policy: FailurePolicy = FailurePolicy.FAIL_CLOSED,
+        backend: str = "store",
     ) -> None:
         self._store = store
         self._cache_seconds = cache_seconds
         self._clock = clock
+        self.failure_policy = failure_policy
+        self.outage = Outage("key_store", backend, substitute=(
+            "serving keys looked up before the outage, 503 for the rest"
+            if failure_policy is FailurePolicy.FAIL_OPEN else "answering 503 until it is back"
+        ))
         self._cache: dict[str, tuple[float, KeyRecord]] = {}
+        # Lookups under way, by prefix: a burst on a key whose cache entry just expired
+        # costs the store one query, not one per request.
+        self._in_flight: dict[str, asyncio.Future[KeyRecord | None]] = {}
         self._touched: dict[str, float] = {}
         self.pending_touches: dict[str, float] = {}
 
@@ -52,7 +78,10 @@ class Authenticator:
         if not is_well_formed(token):
             return _unauthorized("Invalid gateway key.")
         now = self._clock()
-        record = await self._lookup(key_prefix(token), now)
+        try:
+            record = await self._lookup(key_prefix(token), now)
+        except StoreUnavailable:
+            return _store_unavailable()
         if record is None or not hash_matches(token, record.key_hash):
             return _unauthorized("Invalid gateway key.")
         refusal = record.refusal(now)
@@ -67,7 +96,32 @@ class Authenticator:
         cached = self._cache.get(prefix)
         if cached is not None and now - cached[0] < self._cache_seconds:
             return cached[1]
-        record = await self._store.key_by_prefix(prefix)
+        lookup = self._in_flight.get(prefix)
+        if lookup is None:
+            lookup = asyncio.ensure_future(self._fetch(prefix, now, cached))
+            self._in_flight[prefix] = lookup
+            lookup.add_done_callback(lambda done: self._lookup_done(prefix, done))
+        # Shielded: one caller going away must not cancel the lookup the others await.
+        return await asyncio.shield(lookup)
+
+    def _lookup_done(self, prefix: str, done: asyncio.Future[KeyRecord | None]) -> None:
+        if self._in_flight.get(prefix) is done:
+            del self._in_flight[prefix]
+        if not done.cancelled():
+            done.exception()  # seen here, so an outage nobody awaited logs no traceback
+
+    async def _fetch(
+        self, prefix: str, now: float, cached: tuple[float, KeyRecord] | None
+    ) -> KeyRecord | None:
+        try:
+            record = await self._store.key_by_prefix(prefix)
+        except StoreUnavailable as exc:
+            self.outage.failed(exc)
+            if self.failure_policy is FailurePolicy.FAIL_OPEN and cached is not None:
+                self.outage.substituted()
+                return cached[1]
+            raise
+        self.outage.recovered()
         # Only hits are cached: a key created a moment ago must work at once.
         if record is not None:
             self._cache[prefix] = (now, record)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -47,6 +48,33 @@ class Secret:
 
 
 DEFAULT_ENDPOINTS = ("POST /chat/completions", "POST /embeddings", "GET /models")
+DEFAULT_VENICE_BASE_URL = "https://api.venice.ai/api/v1"
+
+
+def host_and_api_root(base_url: str) -> tuple[str, str]:
+    """("host" or "host:port", API root path) of a provider base URL."""
+    parts = urlsplit(base_url)
+    host = (parts.hostname or "").lower()
+    return (f"{host}:{parts.port}" if parts.port else host), parts.path.rstrip("/")
+
+
+# The provider hosts the sidecar intercepts, each with its API root path. Venice's comes
+# from the default base URL; the host VENICE_BASE_URL names is always added to these.
+DEFAULT_LLM_HOSTS: tuple[tuple[str, str], ...] = (host_and_api_root(DEFAULT_VENICE_BASE_URL),)
+
+
+class EgressPolicy(StrEnum):
+    """What the sidecar does with traffic for a host that is not an LLM host."""
+
+    ALLOW = "allow"  # tunnel it untouched: no TLS interception, the origin's own certificate
+    DENY = "deny"  # answer 403: the pod reaches LLM providers and nothing else
+
+
+class FailurePolicy(StrEnum):
+    """What the gateway does when a shared backend (Postgres, Redis) does not answer."""
+
+    FAIL_OPEN = "fail-open"  # keep serving on a local substitute, and say so in /readyz
+    FAIL_CLOSED = "fail-closed"  # refuse with 503 until the backend is back
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,18 +84,28 @@ class Settings:
     database_url: str = "sqlite:///./llm-gateway.db"
     redis_url: str | None = None
     venice_api_key: Secret | None = None
-    venice_base_url: str = "https://api.venice.ai/api/v1"
+    venice_base_url: str = DEFAULT_VENICE_BASE_URL
     otel_service_name: str = "llm-gateway"
     otel_exporter_otlp_endpoint: str | None = None
     request_timeout_seconds: float = 120.0
     request_body_limit_bytes: int = 1_048_576
     venice_max_retries: int = 2
     capture_genai_content: bool = False
+    # Auth fails closed by default: a key the store cannot confirm is never guessed valid.
+    # fail-open serves keys this process looked up before the outage, never unknown ones.
+    auth_failure_policy: FailurePolicy = FailurePolicy.FAIL_CLOSED
+    # Limits fail open by default: an outage of Redis should not take the API down;
+    # each replica then counts on its own.
+    rate_limit_failure_policy: FailurePolicy = FailurePolicy.FAIL_OPEN
     # YAML-only: the provider endpoints the server-held key may be used for, as
     # "METHOD /path" relative to the API root. Nothing else on a provider is reachable.
     allowed_endpoints: tuple[str, ...] = DEFAULT_ENDPOINTS
-    # Where the gateway's own routes live in the ASGI adapter.
+    # Where the gateway's own routes live in the ASGI adapter (and the sidecar's reverse mode).
     api_prefix: str = "/v1"
+    # YAML-only: the LLM hosts the sidecar intercepts ("host" or "host:port") with their
+    # API root path; every other host is the egress policy's.
+    llm_hosts: tuple[tuple[str, str], ...] = DEFAULT_LLM_HOSTS
+    egress_policy: EgressPolicy = EgressPolicy.ALLOW
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def require_provider_key(self) -> Secret:
@@ -78,6 +116,14 @@ class Settings:
                 "`llm-gateway demo` runs without one against the bundled fake upstream",
             )
         return self.venice_api_key
+
+    def llm_host_roots(self) -> dict[str, str]:
+        """Intercepted LLM hosts -> API root path: the configured ones, plus the host
+        VENICE_BASE_URL names (routing sends there, so apps may call it too)."""
+        roots = dict(self.llm_hosts)
+        host, root = host_and_api_root(self.venice_base_url)
+        roots.setdefault(host, root)
+        return roots
 
 
 def _parse_bind(variable: str, raw: str) -> tuple[str, int]:
@@ -122,6 +168,14 @@ def _parse_url(variable: str, raw: str, schemes: tuple[str, ...]) -> str:
     if parts.scheme not in schemes or (parts.scheme not in ("sqlite",) and not parts.netloc):
         raise ConfigError(variable, f"expected a {' or '.join(schemes)} URL, got {raw!r}")
     return raw.rstrip("/") if parts.scheme in ("http", "https") else raw
+
+
+def _parse_policy(variable: str, raw: str) -> FailurePolicy:
+    try:
+        return FailurePolicy(str(raw).strip().lower())
+    except ValueError:
+        choices = " or ".join(p.value for p in FailurePolicy)
+        raise ConfigError(variable, f"expected {choices}, got {raw!r}") from None
 
 
 def _load_yaml(path: str) -> dict[str, Any]:
@@ -185,7 +239,17 @@ def load_settings(
         )
     if (capture := raw("CAPTURE_GENAI_CONTENT")) is not None:
         values["capture_genai_content"] = _parse_bool("CAPTURE_GENAI_CONTENT", capture)
+    for variable in ("AUTH_FAILURE_POLICY", "RATE_LIMIT_FAILURE_POLICY"):
+        if (policy := raw(variable)) is not None:
+            values[variable.lower()] = _parse_policy(variable, policy)
 
+    if (egress := raw("EGRESS_POLICY")) is not None:
+        try:
+            values["egress_policy"] = EgressPolicy(str(egress).strip().lower())
+        except ValueError:
+            raise ConfigError("EGRESS_POLICY", f"expected allow or deny, got {egress!r}") from None
+    if "llm_hosts" in file_values:
+        values["llm_hosts"] = _parse_llm_hosts(file_values["llm_hosts"])
     if "allowed_endpoints" in file_values:
         values["allowed_endpoints"] = _parse_endpoints(file_values["allowed_endpoints"])
     if "api_prefix" in file_values:
@@ -193,9 +257,22 @@ def load_settings(
         if not prefix.startswith("/"):
             raise ConfigError("api_prefix", f"must start with '/', got {prefix!r}")
         values["api_prefix"] = prefix.rstrip("/")
-    known = {name.lower() for name in _VARIABLES} | {"allowed_endpoints", "api_prefix"}
+    known = {name.lower() for name in _VARIABLES} | {"allowed_endpoints", "api_prefix", "llm_hosts"}
     values["extra"] = {k: v for k, v in file_values.items() if k not in known}
     return Settings(**values)
+
+
+def _parse_llm_hosts(raw: object) -> tuple[tuple[str, str], ...]:
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError("llm_hosts", "must be a non-empty mapping of host to API root path")
+    hosts = []
+    for host, root in raw.items():
+        name = str(host).strip().lower()
+        path = str(root).strip()
+        if not name or "/" in name or not path.startswith("/"):
+            raise ConfigError("llm_hosts", f"expected 'host[:port]: /api/root', got {host!r}")
+        hosts.append((name, path.rstrip("/")))
+    return tuple(hosts)
 
 
 def _parse_endpoints(raw: object) -> tuple[str, ...]:
@@ -214,4 +291,5 @@ _VARIABLES = (
     "BIND_ADDR", "DATABASE_URL", "REDIS_URL", "VENICE_API_KEY", "VENICE_BASE_URL",
     "OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_ENDPOINT", "REQUEST_TIMEOUT_SECONDS",
     "REQUEST_BODY_LIMIT_BYTES", "VENICE_MAX_RETRIES", "CAPTURE_GENAI_CONTENT",
+    "AUTH_FAILURE_POLICY", "RATE_LIMIT_FAILURE_POLICY", "EGRESS_POLICY",
 )

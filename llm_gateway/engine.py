@@ -19,19 +19,25 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-import httpx
 from opentelemetry.trace import TracerProvider
 
 from llm_gateway.auth import Authenticator
-from llm_gateway.config import Settings
+from llm_gateway.config import FailurePolicy, Settings
 from llm_gateway.errors import Headers, Rejection, error_body, normalise_upstream_error, reject
 from llm_gateway.keys import KeyRecord
-from llm_gateway.limits import LimitDecision, MemoryRateLimiter, RateLimiter
+from llm_gateway.limits import (
+    FailoverRateLimiter,
+    LimitDecision,
+    LimiterUnavailable,
+    RateLimiter,
+    open_limiter,
+)
 from llm_gateway.metering import UsageRecord, UsageWriter
+from llm_gateway.outage import OutageCollector
 from llm_gateway.sse import StreamObserver
 from llm_gateway.stores import Store, open_store
 from llm_gateway.telemetry import Telemetry
-from llm_gateway.upstream import Upstream, UpstreamClient, UpstreamFailure
+from llm_gateway.upstream import Upstream, UpstreamClient, UpstreamFailure, UpstreamResponse
 from llm_gateway.usage import usage_from_payload
 
 log = logging.getLogger("llm_gateway")
@@ -88,6 +94,19 @@ class IncomingRequest:
             if key == name:
                 return value
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """What /readyz says: "ready", "degraded" (serving, on a substitute for a backend
+    that is down: fail-open) or "unavailable" (refusing: fail-closed); and why."""
+
+    status: str
+    checks: dict[str, dict[str, str]]
+
+    @property
+    def ready(self) -> bool:
+        return self.status != "unavailable"
 
 
 @dataclass(slots=True)
@@ -211,54 +230,37 @@ class Exchange:
             )
         except UpstreamFailure as failure:
             self.attempts = failure.attempts
-            self.fail(failure.status, failure.code)
-            body = error_body(str(failure), "upstream_error", failure.code)
-            return GatewayResponse(
-                failure.status, [("content-type", "application/json"), *self.gateway_headers()],
-                body,
-            )
-        headers = self.on_response_start(response.status_code, response.headers.multi_items())
+            return self._failure_response(failure)
+        headers = self.on_response_start(response.status, response.headers)
         if self.is_sse:
             return GatewayResponse(self.status or 200, headers, chunks=self._relay(response))
         try:
-            raw = await response.aread()
-        except httpx.TimeoutException:
-            return self._transport_failure(504, "upstream_timeout")
-        except httpx.TransportError:
-            return self._transport_failure(502, "upstream_broken_response")
-        finally:
-            await response.aclose()
+            raw = await response.read()
+        except UpstreamFailure as failure:
+            return self._failure_response(failure)
         body = self.complete_body(raw)
         return GatewayResponse(self.status or 502, headers, body)
 
-    def _transport_failure(self, status: int, code: str) -> GatewayResponse:
-        self.fail(status, code)
-        message = (
-            "The upstream provider did not finish its answer in time."
-            if status == 504 else "The upstream provider broke off its answer."
-        )
+    def _failure_response(self, failure: UpstreamFailure) -> GatewayResponse:
+        self.fail(failure.status, failure.code)
         return GatewayResponse(
-            status, [("content-type", "application/json"), *self.gateway_headers()],
-            error_body(message, "upstream_error", code),
+            failure.status, [("content-type", "application/json"), *self.gateway_headers()],
+            error_body(str(failure), "upstream_error", failure.code),
         )
 
-    async def _relay(self, response: httpx.Response) -> AsyncIterator[bytes]:
+    async def _relay(self, response: UpstreamResponse) -> AsyncIterator[bytes]:
         try:
-            async for chunk in response.aiter_bytes():
+            async for chunk in response.chunks():
                 self.on_chunk(chunk)
                 yield chunk
-        except (httpx.TimeoutException, httpx.TransportError) as exc:
+        except UpstreamFailure as failure:
             # Headers are gone already: the status cannot change. Tell the client in
             # band, the way providers do, so SDKs raise instead of ending quietly.
-            code = (
-                "upstream_timeout" if isinstance(exc, httpx.TimeoutException)
-                else "upstream_stream_interrupted"
-            )
-            self.fail(504 if code == "upstream_timeout" else 502, code)
+            self.fail(failure.status, failure.code)
             message = "The upstream provider's stream broke off before it was complete."
-            yield b"data: " + error_body(message, "upstream_error", code) + b"\n\n"
+            yield b"data: " + error_body(message, "upstream_error", failure.code) + b"\n\n"
         finally:
-            await response.aclose()
+            response.close()
 
     # ---- finish -------------------------------------------------------------------
 
@@ -343,7 +345,7 @@ class Gateway:
     ) -> None:
         self.settings = settings
         self.store = store or open_store(settings.database_url)
-        self.limiter = limiter or MemoryRateLimiter()
+        self.limiter = limiter or open_limiter(settings, self.store)
         self.client = client or UpstreamClient()
         self.upstream = upstream or Upstream(
             name="venice",
@@ -353,13 +355,25 @@ class Gateway:
             timeout=settings.request_timeout_seconds,
         )
         auth_options = {} if key_cache_seconds is None else {"cache_seconds": key_cache_seconds}
-        self.auth = Authenticator(self.store, **auth_options)
+        store_backend = (
+            "postgres" if settings.database_url.startswith(("postgresql:", "postgres:"))
+            else "sqlite"
+        )
+        self.auth = Authenticator(
+            self.store, failure_policy=settings.auth_failure_policy, backend=store_backend,
+            **auth_options,
+        )
         self.usage = UsageWriter(self.store)
         self.telemetry = Telemetry(settings, tracer_provider)
+        outages = [self.auth.outage]
+        if isinstance(self.limiter, FailoverRateLimiter):
+            outages.append(self.limiter.outage)
+        self.telemetry.registry.register(OutageCollector(outages))
         self.endpoints = {
             (method, path): Endpoint(method, path, _KIND_BY_PATH.get(path, EndpointKind.OTHER))
             for method, _, path in (e.partition(" ") for e in settings.allowed_endpoints)
         }
+        self.llm_host_roots = settings.llm_host_roots()
         self.last_records: list[UsageRecord] = []  # the most recent few, for tests and demo
         self._started = False
         self._start_lock = asyncio.Lock()
@@ -393,11 +407,33 @@ class Gateway:
         await self._flush_touches()
 
     async def ready(self) -> bool:
+        return (await self.readiness()).ready
+
+    async def readiness(self) -> Readiness:
+        """Ask each backend now; the failure policies say what an outage means."""
+        checks: dict[str, dict[str, str]] = {}
+        statuses = []
+        store_outage = self.auth.outage
         try:
             await self.store.ping()
-        except Exception:
-            return False
-        return True
+        except Exception as exc:  # whatever keeps the store from answering
+            store_outage.failed(exc)
+        else:
+            store_outage.recovered()
+        statuses.append(_check(checks, "key_store", store_outage.backend,
+                               self.settings.auth_failure_policy,
+                               store_outage.last_error if store_outage.is_down else None))
+        limiter = self.limiter
+        if isinstance(limiter, FailoverRateLimiter):
+            answered = await limiter.check()
+            statuses.append(_check(checks, "rate_limiter", limiter.backend, limiter.policy,
+                                   None if answered else limiter.outage.last_error))
+        else:
+            checks["rate_limiter"] = {"backend": "memory", "state": "ok"}
+        for status in ("unavailable", "degraded"):
+            if status in statuses:
+                return Readiness(status, checks)
+        return Readiness("ready", checks)
 
     async def _touch_loop(self) -> None:
         while True:
@@ -434,11 +470,7 @@ class Gateway:
     async def _admit(self, request: IncomingRequest) -> Exchange | Rejection:
         endpoint = self.endpoint_for(request.method, request.path)
         if endpoint is None:
-            return reject(
-                403,
-                f"{request.method} {request.path} is not an endpoint this gateway serves.",
-                "permission_error", "endpoint_not_allowed",
-            )
+            return self.endpoint_not_allowed(request.method, request.path)
         if len(request.body) > self.settings.request_body_limit_bytes:
             return self.body_too_large()
         key = await self.auth.authenticate(request.header("authorization"))
@@ -453,8 +485,15 @@ class Gateway:
                 403, f"This gateway key may not use model '{model}'.",
                 "permission_error", "model_not_allowed",
             )
-        limit = await self.limiter.take(key.id, key.rate_limit_requests,
-                                        key.rate_limit_window_seconds)
+        try:
+            limit = await self.limiter.take(key.id, key.rate_limit_requests,
+                                            key.rate_limit_window_seconds)
+        except LimiterUnavailable:  # only under fail-closed: fail-open never raises
+            return reject(
+                503, "The gateway's rate limiter is not reachable, so the request cannot be "
+                "counted against its limit. Retry shortly.",
+                "service_unavailable", "rate_limiter_unavailable", [("retry-after", "1")],
+            )
         if not limit.allowed:
             return reject(
                 429,
@@ -464,12 +503,67 @@ class Gateway:
             )
         return Exchange(self, request, endpoint, key, limit, model, stream)
 
+    def endpoint_not_allowed(self, method: str, path: str) -> Rejection:
+        return reject(
+            403, f"{method} {path} is not an endpoint this gateway serves.",
+            "permission_error", "endpoint_not_allowed",
+        )
+
+    # ---- interception: adapters that sit in front of provider hosts (the sidecar) -----
+
+    def api_root_for_host(self, host: str, port: int) -> str | None:
+        """The API root path of an intercepted LLM host; None for any other host, which
+        the egress policy decides about."""
+        name = host.lower().rstrip(".")
+        root = self.llm_host_roots.get(f"{name}:{port}")
+        return root if root is not None else self.llm_host_roots.get(name)
+
+    @staticmethod
+    def path_under_root(root: str, path: str) -> str | None:
+        """``path`` relative to the API root ``root``, or None when it lies outside: such a
+        path on an LLM host (a dashboard, billing) is never forwarded."""
+        if root and not path.startswith(root + "/"):
+            return None
+        return path[len(root):]
+
+    def egress_rejection(self, host: str, port: int) -> Rejection | None:
+        """The answer for traffic to a host that is not an LLM host; None: pass it through
+        untouched (no TLS interception, nothing observed)."""
+        if self.settings.egress_policy != "deny":
+            return None
+        return reject(
+            403, f"Egress to {host}:{port} is not allowed: this pod may reach LLM providers only.",
+            "permission_error", "egress_denied",
+        )
+
     def body_too_large(self) -> Rejection:
         limit = self.settings.request_body_limit_bytes
         return reject(
             413, f"Request body is larger than the gateway's limit of {limit} bytes.",
             "invalid_request_error", "request_too_large",
         )
+
+
+def _check(
+    checks: dict[str, dict[str, str]], component: str, backend: str, policy: FailurePolicy,
+    error: str | None,
+) -> str:
+    """Record one backend's state under ``component``; returns the readiness it implies."""
+    if error is None:
+        checks[component] = {"backend": backend, "state": "ok"}
+        return "ready"
+    state = "degraded" if policy is FailurePolicy.FAIL_OPEN else "unavailable"
+    checks[component] = {"backend": backend, "state": state, "policy": policy.value,
+                         "error": error}
+    return state
+
+
+def gateway_failure() -> Rejection:
+    """The answer when the gateway itself failed on a request: it was not forwarded."""
+    return reject(
+        500, "The gateway failed while checking this request; it was not forwarded.",
+        "server_error", "gateway_error",
+    )
 
 
 def parse_request_body(

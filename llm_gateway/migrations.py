@@ -114,4 +114,25 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX usage_records_key_started ON usage_records (key_id, started_at);
         """,
     ),
+    Migration(
+        2,
+        "rate-limit windows shared by replicas",
+        # One row per (key, limit setting): the current epoch-aligned window and how many
+        # requests it admitted. Bounded by the number of keys, so nothing needs sweeping.
+        # SQLite gets the same table to keep one history; its gateways count in process.
+        sqlite="""
+        CREATE TABLE rate_limit_windows (
+            bucket TEXT PRIMARY KEY,
+            window_start REAL NOT NULL,
+            request_count INTEGER NOT NULL CHECK (request_count > 0)
+        );
+        """,
+        postgres="""
+        CREATE TABLE rate_limit_windows (
+            bucket TEXT PRIMARY KEY,
+            window_start TIMESTAMPTZ NOT NULL,
+            request_count INTEGER NOT NULL CHECK (request_count > 0)
+        );
+        """,
+    ),
 )

@@ -15,7 +15,26 @@ from llm_gateway.fake_upstream import FakeUpstream, running_fake_upstream
 from llm_gateway.keys import KeyRecord
 from llm_gateway.metering import UsageRecord
 from llm_gateway.upstream import Upstream
-from tests.support import create_key, serve_in_thread
+from tests.support import (
+    POSTGRES_URL,
+    REDIS_URL,
+    SESSION_DATABASE,
+    TEST_REDIS_URL,
+    create_key,
+    fresh_database_url,
+    need_service,
+    postgres_reachable,
+    redis_reachable,
+    serve_in_thread,
+    usage_records,
+)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _drop_session_database() -> Iterator[None]:
+    """The Postgres database TEST_DATABASE_URL runs create, dropped once all is done."""
+    yield
+    SESSION_DATABASE.drop()
 
 
 @pytest.fixture(scope="session")
@@ -50,15 +69,6 @@ class RunningGateway:
 
     def records(self) -> list[UsageRecord]:
         """Usage records as durably stored, after flushing what is pending."""
-        from llm_gateway.stores.sqlite import SqliteStore
-
-        async def read() -> list[UsageRecord]:
-            store = SqliteStore.from_url(self.database_url)
-            try:
-                return await store.usage_records()
-            finally:
-                await store.close()
-
         # The writer flushes every 0.2 s from the server's loop; wait for it.
         import time
 
@@ -66,12 +76,15 @@ class RunningGateway:
         while self.gateway.usage._pending and time.monotonic() < deadline:
             time.sleep(0.02)
         time.sleep(0.05)
-        return asyncio.run(read())
+        return usage_records(self.database_url)
 
 
 def make_settings(tmp_path: Path, upstream_url: str, **overrides: object) -> Settings:
+    """A gateway's settings: SQLite in tmp_path, or (TEST_DATABASE_URL, TEST_REDIS_URL)
+    a Postgres schema of its own and the Redis limiter."""
     settings = Settings(
-        database_url=f"sqlite:///{tmp_path / 'gateway.db'}",
+        database_url=fresh_database_url(tmp_path),
+        redis_url=TEST_REDIS_URL,
         venice_api_key=Secret("sk-fake-upstream"),
         venice_base_url=upstream_url,
     )
@@ -105,3 +118,19 @@ def start_gateway(tmp_path: Path, fake_url: str):  # type: ignore[no-untyped-def
 @pytest.fixture
 def gw(start_gateway) -> RunningGateway:  # type: ignore[no-untyped-def]
     return start_gateway()
+
+
+# ---- shared backends, for the tests that need them whatever the suite runs on ----------
+
+@pytest.fixture
+def postgres_url(tmp_path: Path) -> str:
+    """A schema of this test's own in the session's Postgres database."""
+    need_service(f"PostgreSQL at {POSTGRES_URL}", postgres_reachable())
+    return SESSION_DATABASE.schema_for(tmp_path)
+
+
+@pytest.fixture
+def redis_url() -> str:
+    """The shared Redis. Tests keep to keys of their own (fresh key ids); none flushes."""
+    need_service(f"Redis at {REDIS_URL}", redis_reachable())
+    return REDIS_URL

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -11,17 +13,29 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 import pytest
 import uvicorn
 
 from llm_gateway.keys import KeyRecord, new_key_record
-from llm_gateway.stores.sqlite import SqliteStore
+from llm_gateway.metering import UsageRecord
+from llm_gateway.stores import open_store
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+
+# Set TEST_DATABASE_URL (a postgresql:// URL of a database the tests may use to create
+# others) to run every gateway the suite starts on Postgres instead of a SQLite file;
+# TEST_REDIS_URL to give them the Redis limiter too. Tests that need the services for
+# themselves use these, or the local defaults below.
+TEST_DATABASE_URL = os.environ.get("TEST_DATABASE_URL") or None
+TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL") or None
+POSTGRES_URL = TEST_DATABASE_URL or "postgresql://postgres@127.0.0.1:5432/test"
+REDIS_URL = TEST_REDIS_URL or "redis://127.0.0.1:6379/0"
 
 
 def free_port() -> int:
@@ -64,10 +78,10 @@ def serve_in_thread(app: object, host: str = "127.0.0.1") -> Iterator[str]:
 
 
 def create_key(database_url: str, **options: object) -> tuple[KeyRecord, str]:
-    """Insert a key straight into a SQLite store (what `keys create` does)."""
+    """Insert a key straight into the store (what `keys create` does)."""
 
     async def work() -> tuple[KeyRecord, str]:
-        store = SqliteStore.from_url(database_url)
+        store = open_store(database_url)
         try:
             await store.migrate()
             record, key = new_key_record(
@@ -119,3 +133,200 @@ def wait_until_up(url: str, process: subprocess.Popen[str] | None = None,
             pass
         time.sleep(0.05)
     raise AssertionError(f"{url} did not come up in {timeout}s")
+
+
+def usage_records(database_url: str) -> list[UsageRecord]:
+    """Every usage record the store holds, oldest first."""
+
+    async def read() -> list[UsageRecord]:
+        store = open_store(database_url)
+        try:
+            return await store.usage_records()
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+# ---- Postgres and Redis ----------------------------------------------------------------
+
+def postgres_reachable(url: str = POSTGRES_URL) -> bool:
+    import psycopg
+
+    try:
+        psycopg.connect(url, connect_timeout=2).close()
+    except psycopg.Error:
+        return False
+    return True
+
+
+def redis_reachable(url: str = REDIS_URL) -> bool:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+    try:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+def with_database(url: str, database: str, *, search_path: str | None = None) -> str:
+    """``url`` pointed at another database (and schema, through libpq's ``options``)."""
+    parts = urlsplit(url)
+    query = f"options={quote(f'-csearch_path={search_path}')}" if search_path else ""
+    return urlunsplit((parts.scheme, parts.netloc, f"/{database}", query, ""))
+
+
+def create_database(server_url: str = POSTGRES_URL) -> str:
+    """A new, empty database on the server ``server_url`` names; returns its URL."""
+    import psycopg
+
+    name = f"llmg_test_{secrets.token_hex(6)}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")  # type: ignore[arg-type]
+    return with_database(server_url, name)
+
+
+def drop_database(database_url: str) -> None:
+    import psycopg
+
+    name = urlsplit(database_url).path.lstrip("/")
+    assert name.startswith("llmg_test_"), "only ever drop what the tests created"
+    with psycopg.connect(with_database(database_url, "postgres"), autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")  # type: ignore[arg-type]
+
+
+def create_schema(database_url: str) -> str:
+    """A new, empty schema in ``database_url``; returns a URL whose connections use it.
+    Cheaper than a database per test, and as isolated for the gateway's tables."""
+    import psycopg
+
+    name = f"t_{secrets.token_hex(6)}"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {name}")  # type: ignore[arg-type]
+    return with_database(database_url, urlsplit(database_url).path.lstrip("/"),
+                         search_path=name)
+
+
+class SessionDatabase:
+    """One Postgres database for the whole test session, created on first use and
+    dropped at the end (conftest's session fixture calls ``drop``)."""
+
+    def __init__(self, server_url: str) -> None:
+        self.server_url = server_url
+        self.url: str | None = None
+        self._per_directory: dict[Path, str] = {}
+
+    def database(self) -> str:
+        if self.url is None:
+            self.url = create_database(self.server_url)
+        return self.url
+
+    def schema_for(self, directory: Path) -> str:
+        """The same schema for the same test directory, like a SQLite file in it."""
+        if directory not in self._per_directory:
+            self._per_directory[directory] = create_schema(self.database())
+        return self._per_directory[directory]
+
+    def drop(self) -> None:
+        if self.url is not None:
+            drop_database(self.url)
+            self.url = None
+
+
+SESSION_DATABASE = SessionDatabase(POSTGRES_URL)
+
+
+def fresh_database_url(directory: Path) -> str:
+    """Where a test's gateway keeps its state: a SQLite file in ``directory``, or with
+    TEST_DATABASE_URL set, a schema of its own in the session's Postgres database."""
+    if TEST_DATABASE_URL:
+        return SESSION_DATABASE.schema_for(directory)
+    return f"sqlite:///{directory / 'gateway.db'}"
+
+
+class PrivateRedis:
+    """A redis-server of the test's own, to stop and start again: the machine's shared
+    Redis serves other tests and people and is never stopped."""
+
+    def __init__(self, directory: Path, port: int | None = None) -> None:
+        self.directory = directory
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.directory)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while not redis_reachable(self.url):
+            assert self.process.poll() is None, "redis-server exited"
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()  # as abrupt as a crash: no goodbye to the clients
+            self.process.wait(10)
+            self.process = None
+
+
+@contextmanager
+def private_redis(directory: Path) -> Iterator[PrivateRedis]:
+    if not shutil.which("redis-server"):
+        need_service("redis-server (the binary, to run a private Redis)", False)
+    server = PrivateRedis(directory)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass
+class GatewayProcess:
+    url: str
+    process: subprocess.Popen[str]
+    output: list[str]  # every line it printed, collected by a reader thread
+
+
+@contextmanager
+def gateway_processes(env: dict[str, str], count: int) -> Iterator[list[GatewayProcess]]:
+    """``count`` `llm-gateway serve` processes with the same environment, started
+    together (each imports for a second or so); yields once all answer /healthz."""
+    started: list[GatewayProcess] = []
+    try:
+        for _ in range(count):
+            port = free_port()
+            process = subprocess.Popen(
+                [str(BIN / "llm-gateway"), "serve"],
+                env={**os.environ, **env, "BIND_ADDR": f"127.0.0.1:{port}"},
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )
+            output: list[str] = []
+
+            def read(process: subprocess.Popen[str] = process, output: list[str] = output) -> None:
+                assert process.stdout is not None
+                output.extend(process.stdout)
+
+            threading.Thread(target=read, daemon=True).start()
+            started.append(GatewayProcess(f"http://127.0.0.1:{port}", process, output))
+        for gateway in started:
+            try:
+                wait_until_up(gateway.url + "/healthz", timeout=30)
+            except AssertionError:
+                raise AssertionError("".join(gateway.output)) from None
+        yield started
+    finally:
+        for gateway in started:
+            gateway.process.terminate()
+        for gateway in started:
+            try:
+                gateway.process.wait(10)
+            except subprocess.TimeoutExpired:
+                gateway.process.kill()

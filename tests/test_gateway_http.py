@@ -81,9 +81,9 @@ def test_401_for_revoked_and_expired_keys(gw, fake: FakeUpstream) -> None:
     assert post(gw.url, key).status_code == 200
 
     async def revoke() -> None:
-        from llm_gateway.stores.sqlite import SqliteStore
+        from llm_gateway.stores import open_store
 
-        store = SqliteStore.from_url(gw.database_url)
+        store = open_store(gw.database_url)
         await store.revoke_key(record.id, time.time())
         await store.close()
 

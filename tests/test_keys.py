@@ -24,6 +24,7 @@ from llm_gateway.keys import (
     parse_duration,
     parse_rate_limit,
 )
+from llm_gateway.migrations import MIGRATIONS
 from llm_gateway.stores.sqlite import SqliteStore
 from tests.support import BIN
 
@@ -83,7 +84,8 @@ def test_schema_refuses_what_must_never_be(tmp_path: Path, column: str, value: o
 
 def test_migrations_are_versioned_and_idempotent(tmp_path: Path) -> None:
     url, db = _db(tmp_path)
-    assert db.execute("SELECT version FROM schema_migrations").fetchall() == [(1,)]
+    versions = db.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall()
+    assert versions == [(m.version,) for m in MIGRATIONS]
     result = subprocess.run([str(BIN / "llm-gateway"), "migrate"], capture_output=True,
                             text=True, env={**os.environ, "DATABASE_URL": url}, timeout=30)
     assert result.returncode == 0 and "up to date" in result.stdout
@@ -139,6 +141,8 @@ def test_revoked_key_is_refused_by_a_running_gateway(gw, fake) -> None:  # type:
 
 
 def test_sqlite_file_never_holds_a_key_in_plain_text(gw, fake) -> None:  # type: ignore[no-untyped-def]
+    if not gw.database_url.startswith("sqlite:"):
+        pytest.skip("scans the SQLite file; tests/test_postgres_store.py scans Postgres")
     keys = [gw.key(name=f"k{i}") for i in range(3)]
     for key in keys:
         response = httpx.post(
@@ -169,16 +173,27 @@ def test_last_used_at_is_written_in_batches_not_per_request(  # type: ignore[no-
     settings = make_settings(tmp_path, fake_url)
     record, key = create_key(settings.database_url)
     gateway = Gateway(settings)
-    database = tmp_path / "gateway.db"
+
+    def stored_last_used_at() -> float | None:  # through the store: SQLite or Postgres
+        from llm_gateway.stores import open_store
+
+        async def read() -> float | None:
+            store = open_store(settings.database_url)
+            try:
+                found = await store.find_key(record.id)
+            finally:
+                await store.close()
+            assert found is not None
+            return found.last_used_at
+
+        return asyncio.run(read())
+
     with serve_in_thread(create_app(settings, gateway=gateway)) as url:
         for _ in range(3):
             response = httpx.get(url + "/v1/models", headers={"authorization": f"Bearer {key}"})
             assert response.status_code == 200
         # Not yet written: touches are batched off the request path.
-        row = sqlite3.connect(database).execute(
-            "SELECT last_used_at FROM gateway_keys WHERE id = ?", (record.id,)).fetchone()
-        assert row == (None,)
+        assert stored_last_used_at() is None
     # Shutdown flushes the pending touch.
-    [(last_used,)] = sqlite3.connect(database).execute(
-        "SELECT last_used_at FROM gateway_keys WHERE id = ?", (record.id,)).fetchall()
+    last_used = stored_last_used_at()
     assert last_used is not None and abs(last_used - time.time()) < 30

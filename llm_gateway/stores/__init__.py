@@ -8,6 +8,14 @@ from llm_gateway.keys import KeyRecord
 from llm_gateway.metering import UsageRecord
 
 
+class StoreUnavailable(Exception):
+    """The store did not answer (connection refused or lost, pool exhausted, timeout).
+
+    Callers apply their failure policy to this, and only to this: any other error is a
+    bug or a constraint and must surface as one.
+    """
+
+
 class Store(Protocol):
     async def migrate(self) -> list[int]: ...
     async def ping(self) -> None: ...
@@ -19,6 +27,7 @@ class Store(Protocol):
     async def revoke_key(self, key_id: str, now: float) -> bool: ...
     async def touch_keys(self, last_used: dict[str, float]) -> None: ...
     async def write_usage(self, records: list[UsageRecord]) -> None: ...
+    async def usage_records(self) -> list[UsageRecord]: ...
 
 
 def open_store(database_url: str) -> Store:
@@ -28,7 +37,7 @@ def open_store(database_url: str) -> Store:
 
         return SqliteStore.from_url(database_url)
     if database_url.startswith(("postgresql:", "postgres:")):
-        from llm_gateway.stores.postgres import PostgresStore  # type: ignore[import-not-found]
+        from llm_gateway.stores.postgres import PostgresStore
 
         return PostgresStore(database_url)
     raise ValueError(f"unsupported DATABASE_URL scheme: {database_url.split(':', 1)[0]}")

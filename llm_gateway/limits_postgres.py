@@ -1,0 +1,67 @@
+"""The Postgres fixed-window limiter: the shared limiter when there is no Redis.
+
+One statement per request, one round trip: an upsert on the key's window row that
+counts the request only while the window has room (``WHERE request_count < limit``).
+Postgres row locks make concurrent upserts from any number of replicas exact. The time
+is the database server's (``clock_timestamp()``), so replicas with skewed clocks still
+agree on the window.
+"""
+
+from __future__ import annotations
+
+from llm_gateway.limits import LimitDecision, LimiterUnavailable, bucket_name, decide
+from llm_gateway.stores import StoreUnavailable
+from llm_gateway.stores.postgres import PostgresStore
+
+# `clock` is referenced twice, so Postgres evaluates it once: the window the row is
+# counted in and the `now` returned for Retry-After come from the same instant.
+# A refused request updates nothing and returns NULL as its count. A row whose window
+# is newer than this statement's (a concurrent statement crossed the boundary first)
+# is never moved back.
+_TAKE = """
+WITH clock AS (SELECT extract(epoch FROM clock_timestamp())::float8 AS now),
+counted AS (
+    INSERT INTO rate_limit_windows AS w (bucket, window_start, request_count)
+    SELECT %(bucket)s, to_timestamp(floor(now / %(window)s) * %(window)s), 1 FROM clock
+    ON CONFLICT (bucket) DO UPDATE
+        SET window_start = GREATEST(w.window_start, EXCLUDED.window_start),
+            request_count = CASE WHEN EXCLUDED.window_start > w.window_start THEN 1
+                                 ELSE w.request_count + 1 END
+        WHERE EXCLUDED.window_start > w.window_start OR w.request_count < %(limit)s
+    RETURNING request_count
+)
+SELECT (SELECT request_count FROM counted), now FROM clock
+"""
+
+
+class PostgresRateLimiter:
+    backend = "postgres"
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store  # shares the store's pool; the store owns and closes it
+
+    async def take(self, key_id: str, limit: int, window_seconds: int) -> LimitDecision:
+        params = {
+            "bucket": bucket_name(key_id, limit, window_seconds),
+            "window": window_seconds,
+            "limit": limit,
+        }
+        try:
+            async with self._store.connection() as conn:
+                cursor = await conn.execute(_TAKE, params)
+                row = await cursor.fetchone()
+        except StoreUnavailable as exc:
+            raise LimiterUnavailable(self.backend, exc.__cause__ or exc) from exc
+        assert row is not None  # the outer SELECT always yields one row
+        count, now = row
+        count_after = limit + 1 if count is None else count
+        return decide(count_after, limit, now, window_seconds)
+
+    async def ping(self) -> None:
+        try:
+            await self._store.ping()
+        except StoreUnavailable as exc:
+            raise LimiterUnavailable(self.backend, exc.__cause__ or exc) from exc
+
+    async def close(self) -> None:
+        return None

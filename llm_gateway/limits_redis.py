@@ -1,0 +1,131 @@
+"""The Redis limiter: one atomic Lua script per request, on the Redis server's clock.
+
+The script is the same epoch-aligned fixed window as the in-process and Postgres
+limiters (see llm_gateway.limits), so "N requests per window" is exact: N are admitted
+in a window however many replicas share it, and a refused request uses up nothing.
+
+The script is loaded once (SCRIPT LOAD) and called by its SHA (EVALSHA); a server that
+has lost its script cache (restart, failover, SCRIPT FLUSH) answers NOSCRIPT and the
+script is loaded again. Each key name carries a hash tag (``{key id}``), so every key a
+gateway key uses maps to one Redis Cluster slot and the script runs unchanged there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from llm_gateway.limits import LimitDecision, LimiterUnavailable
+
+# Times are integer milliseconds: Lua numbers are doubles, and the arguments Redis
+# converts with "%.14g" would round microseconds since the epoch (16 digits).
+FIXED_WINDOW_SCRIPT = """
+local limit = tonumber(ARGV[1])
+local window_ms = tonumber(ARGV[2]) * 1000
+local time = redis.call('TIME')
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local start_ms = now_ms - (now_ms % window_ms)
+local state = redis.call('HMGET', KEYS[1], 'start', 'count')
+local count = 0
+local stored_start = tonumber(state[1])
+if stored_start and stored_start >= start_ms then
+  -- The current window (or a later one, should the server clock have stepped back).
+  start_ms = stored_start
+  count = tonumber(state[2])
+end
+local reset_ms = math.max(0, start_ms + window_ms - now_ms)
+if count >= limit then
+  return {0, count, reset_ms}
+end
+count = count + 1
+redis.call('HSET', KEYS[1], 'start', string.format('%.0f', start_ms), 'count', count)
+-- Expiry only collects the key once its window is over; it decides nothing.
+redis.call('PEXPIRE', KEYS[1], string.format('%.0f', reset_ms + 1000))
+return {1, count, reset_ms}
+"""
+FIXED_WINDOW_SHA = hashlib.sha1(FIXED_WINDOW_SCRIPT.encode()).hexdigest()
+
+# A limiter call sits on every request's path, so a Redis that does not answer must
+# fail over within seconds. Not faster: Redis answers in well under a millisecond, but a
+# busy replica's event loop can leave a reply unread for a good part of a second, and a
+# timeout then would wrongly hand the decision to the in-process fallback.
+SOCKET_TIMEOUT_SECONDS = 2.0
+CONNECT_TIMEOUT_SECONDS = 1.0
+MAX_CONNECTIONS = 32
+POOL_WAIT_SECONDS = 5.0
+
+
+def window_key(key_id: str, limit: int, window_seconds: int, namespace: str = "llmg") -> str:
+    """The counter of one gateway key and limit setting; ``{key_id}`` is the hash tag."""
+    return f"{namespace}:rl:{{{key_id}}}:{limit}/{window_seconds}"
+
+
+class RedisRateLimiter:
+    backend = "redis"
+
+    def __init__(self, url: str, *, namespace: str = "llmg") -> None:
+        self.namespace = namespace
+        # A bounded pool: dozens of replicas must not open thousands of connections
+        # between them; a burst waits briefly for a connection instead.
+        pool = BlockingConnectionPool.from_url(
+            url,
+            max_connections=MAX_CONNECTIONS,
+            timeout=POOL_WAIT_SECONDS,
+            socket_timeout=SOCKET_TIMEOUT_SECONDS,
+            socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
+            # One quick retry, on a broken connection only: after a Redis restart the
+            # pooled connection is dead and the next one is not. Never on a timeout: the
+            # script may have run, and running it again would count the request twice.
+            retry=Retry(ExponentialBackoff(cap=0.05, base=0.005), 1,
+                        supported_errors=(RedisConnectionError,)),
+        )
+        self.redis: Redis = Redis.from_pool(pool)  # owns the pool: aclose() closes it
+        self._loaded = False
+        self.script_loads = 0  # how often the script was (re)loaded: tests, diagnostics
+
+    async def _load_script(self) -> None:
+        sha = await self.redis.script_load(FIXED_WINDOW_SCRIPT)
+        assert sha == FIXED_WINDOW_SHA, "Redis hashed the script differently"
+        self._loaded = True
+        self.script_loads += 1
+
+    async def _call(self, keys: list[str], args: list[int]) -> list[int]:
+        if not self._loaded:
+            await self._load_script()
+        try:
+            return await self.redis.evalsha(  # type: ignore[no-any-return]
+                FIXED_WINDOW_SHA, len(keys), *keys, *args
+            )
+        except NoScriptError:
+            # The server lost its script cache (restart, failover, SCRIPT FLUSH).
+            await self._load_script()
+            return await self.redis.evalsha(  # type: ignore[no-any-return]
+                FIXED_WINDOW_SHA, len(keys), *keys, *args
+            )
+
+    async def take(self, key_id: str, limit: int, window_seconds: int) -> LimitDecision:
+        key = window_key(key_id, limit, window_seconds, self.namespace)
+        try:
+            allowed, count, reset_ms = await self._call([key], [limit, window_seconds])
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            self._loaded = False  # a Redis that comes back may have lost the script
+            raise LimiterUnavailable(self.backend, exc) from exc
+        # The script already measured the time to the window's end on the server.
+        return LimitDecision(bool(allowed), limit, max(0, limit - int(count)),
+                             int(reset_ms) / 1000)
+
+    async def ping(self) -> None:
+        try:
+            await self.redis.ping()
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            self._loaded = False
+            raise LimiterUnavailable(self.backend, exc) from exc
+
+    async def close(self) -> None:
+        await self.redis.aclose()
