@@ -1,0 +1,292 @@
+"""``llm-gateway sidecar``: mitmproxy, embedded, with the gateway addon; one per pod.
+
+    llm-gateway sidecar [--listen 127.0.0.1:8080] [--admin 127.0.0.1:9090]
+                        [--mode regular|reverse] [--ca-dir DIR] [--ca-bundle-out FILE]
+
+* ``regular`` (default): an explicit proxy for ``HTTPS_PROXY=http://127.0.0.1:8080``. TLS to
+  the LLM hosts is intercepted with the sidecar's CA; every other host is tunnelled
+  untouched (or refused, with ``EGRESS_POLICY=deny``).
+* ``reverse``: plain HTTP on the listen address, for apps that set
+  ``OPENAI_BASE_URL=http://127.0.0.1:8080/v1`` rather than trust a CA.
+
+The addon object is added to this process's own mitmproxy master: there is no ``-s``
+script, whose hot reload would leave a proxy running without the addon when the file
+breaks. The admin address (never the proxy port) serves ``/healthz`` and ``/readyz``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import shutil
+import signal
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from mitmproxy import options as mitm_options
+from mitmproxy.addons import (
+    block,
+    core,
+    disable_h2c,
+    errorcheck,
+    next_layer,
+    proxyserver,
+    tlsconfig,
+)
+from mitmproxy.master import Master
+
+from llm_gateway.ca import install_for_mitmproxy, load_or_create_ca, write_ca_bundle
+from llm_gateway.config import Settings
+from llm_gateway.engine import Gateway
+from llm_gateway.errors import error_body
+from llm_gateway.mitm_addon import LlmGateway
+
+log = logging.getLogger("llm_gateway.sidecar")
+
+MODES = ("regular", "reverse")
+# The reverse proxy's own target is a closed loopback port: the addon answers every
+# request itself or rewrites it to the engine's upstream, so a request that somehow
+# skipped the addon goes nowhere instead of to the provider.
+REVERSE_BLACK_HOLE = "http://127.0.0.1:1"
+ADMIN_READ_TIMEOUT_SECONDS = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarArguments:
+    listen: tuple[str, int]
+    admin: tuple[str, int]
+    mode: str
+    ca_dir: Path | None
+    ca_bundle_out: Path | None
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def parse_arguments(argv: Sequence[str]) -> SidecarArguments:
+    parser = argparse.ArgumentParser(
+        prog="llm-gateway sidecar",
+        description="mitmproxy with the gateway addon: apps set HTTPS_PROXY, nothing else.",
+    )
+    parser.add_argument("--listen", type=_address, default=("127.0.0.1", 8080),
+                        metavar="HOST:PORT", help="the proxy (default 127.0.0.1:8080)")
+    parser.add_argument("--admin", type=_address, default=("127.0.0.1", 9090),
+                        metavar="HOST:PORT", help="/healthz and /readyz (default 127.0.0.1:9090)")
+    parser.add_argument("--mode", choices=MODES, default="regular",
+                        help="regular: HTTPS_PROXY; reverse: a plain-HTTP base URL")
+    parser.add_argument("--ca-dir", type=Path, metavar="DIR",
+                        help="the CA (tls.crt + tls.key, or mitmproxy-ca.pem); created when "
+                             "missing; may be read-only")
+    parser.add_argument("--ca-bundle-out", type=Path, metavar="FILE",
+                        help="write the system roots plus the gateway CA here, for apps")
+    args = parser.parse_args(list(argv))
+    if args.listen == args.admin:
+        parser.error("--admin must not be the proxy's address")
+    return SidecarArguments(args.listen, args.admin, args.mode, args.ca_dir, args.ca_bundle_out)
+
+
+class AdminServer:
+    """``/healthz`` (the process is alive) and ``/readyz`` (it can serve) over HTTP/1.1.
+
+    Probes ask one question per connection, so a request line and headers are read,
+    answered, and the connection closed: nothing more is needed, nor accepted.
+    """
+
+    def __init__(self, sidecar: Sidecar) -> None:
+        self._sidecar = sidecar
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        self._server = await asyncio.start_server(self._serve, host, port)
+        address = self._server.sockets[0].getsockname()
+        return address[0], address[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"),
+                                          ADMIN_READ_TIMEOUT_SECONDS)
+            method, _, rest = head.split(b"\r\n", 1)[0].decode("latin-1").partition(" ")
+            path = rest.partition(" ")[0].partition("?")[0]
+            status, body = await self._answer(method, path)
+            writer.write(
+                f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}\r\n"
+                f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
+                "connection: close\r\n\r\n".encode() + body
+            )
+            await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                ConnectionError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    async def _answer(self, method: str, path: str) -> tuple[int, bytes]:
+        if method not in ("GET", "HEAD"):
+            return 405, error_body("Only GET.", "invalid_request_error", "method_not_allowed")
+        if path == "/healthz":
+            return 200, b'{"status":"ok"}'
+        if path == "/readyz":
+            problem = await self._sidecar.not_ready_because()
+            if problem is None:
+                return 200, b'{"status":"ready"}'
+            return 503, error_body(problem, "service_unavailable", "not_ready")
+        return 404, error_body(f"No route for {path}.", "invalid_request_error", "not_found")
+
+
+class Sidecar:
+    """A mitmproxy master with the addons a sidecar needs (and no others), the gateway
+    addon, and the admin server, all on one event loop."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        *,
+        mode: str = "regular",
+        listen: tuple[str, int] = ("127.0.0.1", 8080),
+        admin: tuple[str, int] | None = ("127.0.0.1", 9090),
+        confdir: Path,
+        ca_bundle: Path | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+        self.gateway = gateway
+        self.addon = LlmGateway(gateway)
+        self.mode = mode
+        self.listen = listen
+        self.admin = admin
+        self.confdir = confdir
+        self.ca_bundle = ca_bundle
+        self.proxy_address: tuple[str, int] | None = None
+        self.admin_address: tuple[str, int] | None = None
+        self.started = asyncio.Event()
+        self._master: Master | None = None
+        self._admin_server = AdminServer(self)
+
+    def mode_spec(self) -> str:
+        return "regular" if self.mode == "regular" else f"reverse:{REVERSE_BLACK_HOLE}"
+
+    async def run(self) -> None:
+        """Serve until ``shutdown()``. Exits (SystemExit) if the proxy cannot start."""
+        master = Master(mitm_options.Options(), event_loop=asyncio.get_running_loop())
+        self._master = master
+        proxy_server = proxyserver.Proxyserver()
+        master.addons.add(
+            core.Core(),
+            block.Block(),  # refuses clients from public addresses: never an open proxy
+            disable_h2c.DisableH2C(),
+            proxy_server,
+            next_layer.NextLayer(),
+            tlsconfig.TlsConfig(),
+            errorcheck.ErrorCheck(repeat_errors_on_stderr=True),  # a failed bind exits
+            self.addon,
+        )
+        master.options.update(
+            mode=[self.mode_spec()],
+            listen_host=self.listen[0],
+            listen_port=self.listen[1],
+            confdir=str(self.confdir),
+            # Also enforced by the addon; set here so no other value is ever live.
+            connection_strategy="lazy",
+            upstream_cert=False,
+            http3=False,
+        )
+        if self.admin is not None:
+            self.admin_address = await self._admin_server.start(*self.admin)
+        try:
+            runner = asyncio.get_running_loop().create_task(master.run())
+            await self._wait_until_listening(proxy_server, runner)
+            self.started.set()
+            log.info("llm-gateway sidecar (%s mode): proxy %s, admin %s",
+                     self.mode, self.proxy_address, self.admin_address)
+            await runner
+        finally:
+            await self._admin_server.close()
+
+    async def _wait_until_listening(
+        self, proxy_server: proxyserver.Proxyserver, runner: asyncio.Task[None]
+    ) -> None:
+        while not proxy_server.is_running:
+            if runner.done():
+                runner.result()  # raises what stopped it
+                return
+            await asyncio.sleep(0.01)
+        addresses = proxy_server.listen_addrs()
+        if addresses:
+            self.proxy_address = (addresses[0][0], addresses[0][1])
+
+    def shutdown(self) -> None:
+        """Stop serving; safe to call from any thread."""
+        if self._master is not None:
+            self._master.shutdown()
+
+    async def not_ready_because(self) -> str | None:
+        """None when the sidecar can serve; otherwise what it is waiting for."""
+        if not self.started.is_set():
+            return "The proxy is not listening yet."
+        if self.ca_bundle is not None and not self.ca_bundle.is_file():
+            return "The CA bundle has not been written yet."
+        if not await self.gateway.ready():
+            return "The key store is not reachable."
+        return None
+
+
+def sidecar_main(argv: list[str], settings: Settings) -> int:
+    """Entry point of ``llm-gateway sidecar``; ConfigError goes to the CLI (exit 2)."""
+    arguments = parse_arguments(argv)
+    settings.require_provider_key()
+    # Connection-level lines (client connect, server connect...) for every request cost
+    # CPU and say nothing usage records do not; mitmproxy's warnings and errors remain.
+    logging.getLogger("mitmproxy").setLevel(logging.WARNING)
+    ca = load_or_create_ca(arguments.ca_dir)
+    log.info("CA: %s (SHA-256 %s)", ca.source, ca.fingerprint)
+    # mitmproxy reads its CA from a directory it may write to; the CA directory may be a
+    # read-only Secret, so mitmproxy gets a private copy that goes with the process.
+    runtime_dir = Path(tempfile.mkdtemp(prefix="llm-gateway-sidecar-"))
+    try:
+        install_for_mitmproxy(ca, runtime_dir)
+        if arguments.ca_bundle_out is not None:
+            write_ca_bundle(ca, arguments.ca_bundle_out)
+            log.info("CA bundle written to %s", arguments.ca_bundle_out)
+        asyncio.run(_serve(arguments, settings, runtime_dir))
+    finally:
+        shutil.rmtree(runtime_dir, ignore_errors=True)
+    return 0
+
+
+async def _serve(arguments: SidecarArguments, settings: Settings, runtime_dir: Path) -> None:
+    # Built on mitmproxy's loop: the engine's store executor, writer task and locks
+    # belong to the loop that runs the hooks.
+    sidecar = Sidecar(
+        Gateway(settings), mode=arguments.mode, listen=arguments.listen,
+        admin=arguments.admin, confdir=runtime_dir, ca_bundle=arguments.ca_bundle_out,
+    )
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, sidecar.shutdown)
+    try:
+        await sidecar.run()
+    finally:
+        # Connections still open at exit are cancelled by asyncio.run; on some Python
+        # versions the stream callback then logs each CancelledError as an error.
+        loop.set_exception_handler(_ignore_cancellations)
+
+
+def _ignore_cancellations(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+    if not isinstance(context.get("exception"), asyncio.CancelledError):
+        loop.default_exception_handler(context)
+

@@ -1,0 +1,152 @@
+"""The addon's hooks driven directly with mitmproxy's test flows: the paths that real
+traffic rarely takes (compressed streams, hooks that fail after headers, options an
+operator set that would undo the addon's guarantees)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from mitmproxy import exceptions, http
+from mitmproxy.addons import next_layer, proxyserver
+from mitmproxy.test import taddons, tflow, tutils
+
+from llm_gateway.engine import Gateway
+from llm_gateway.keys import new_key_record
+from llm_gateway.mitm_addon import LlmGateway
+from tests.conftest import make_settings
+
+UPSTREAM = "http://127.0.0.1:9/api/v1"  # never connected to: these flows are simulated
+CHAT = {"model": "llama-3.3-70b", "messages": [{"role": "user", "content": "Hello"}]}
+
+
+def sse_reply() -> bytes:
+    chunk = {"id": "chatcmpl-1", "model": "llama-3.3-70b",
+             "choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}],
+             "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+    return b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+@pytest.fixture
+async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
+    engine = Gateway(make_settings(tmp_path, UPSTREAM), key_cache_seconds=0)
+    await engine.start()
+    yield engine
+    await engine.close()
+
+
+async def new_key(gateway: Gateway) -> str:
+    record, key = new_key_record(name="unit", subject_id=None, now=time.time())
+    await gateway.store.insert_key(record)
+    return key
+
+
+def llm_flow(key: str, body: object, path: str = "/api/v1/chat/completions") -> http.HTTPFlow:
+    request = tutils.treq(
+        host="api.venice.ai", port=443, scheme=b"https", method=b"POST", path=path.encode(),
+        headers=http.Headers([(b"authorization", f"Bearer {key}".encode()),
+                              (b"content-type", b"application/json")]),
+        content=json.dumps(body).encode(),
+    )
+    return tflow.tflow(req=request)
+
+
+async def admitted_flow(addon: LlmGateway, key: str, body: object) -> http.HTTPFlow:
+    flow = llm_flow(key, body)
+    addon.requestheaders(flow)
+    await addon.request(flow)
+    assert flow.response is None, flow.response and flow.response.text
+    assert flow.request.url == UPSTREAM + "/chat/completions"
+    assert flow.request.headers["authorization"] == "Bearer sk-fake-upstream"
+    return flow
+
+
+def test_configure_enforces_lazy_connections_and_allowed_hosts(tmp_path: Path) -> None:
+    addon = LlmGateway(Gateway(make_settings(tmp_path, "https://venice.example:8443/api/v1")))
+    with taddons.context(proxyserver.Proxyserver(), next_layer.NextLayer(), addon) as context:
+        context.configure(addon, connection_strategy="eager")
+        options = context.options
+        assert options.connection_strategy == "lazy" and options.upstream_cert is False
+        assert sorted(options.allow_hosts) == [r"^api\.venice\.ai:\d+$",
+                                               r"^venice\.example:8443$"]
+        with pytest.raises(exceptions.OptionsError, match="ignore_hosts"):
+            context.configure(addon, ignore_hosts=["api.venice.ai"])
+        context.configure(addon, mode=["reverse:http://127.0.0.1:1"])
+        assert options.allow_hosts == []  # a reverse proxy serves the gateway only
+
+
+async def test_a_compressed_stream_is_decoded_for_client_and_observer(
+    gateway: Gateway,
+) -> None:
+    addon = LlmGateway(gateway)
+    flow = await admitted_flow(addon, await new_key(gateway), {**CHAT, "stream": True})
+    flow.response = tutils.tresp(
+        headers=http.Headers(content_type="text/event-stream", content_encoding="gzip"),
+        content=None,
+    )
+    addon.responseheaders(flow)
+    assert "content-encoding" not in flow.response.headers
+    assert flow.response.headers["transfer-encoding"] == "chunked"
+    relay = flow.response.stream
+    assert callable(relay)
+    compressed = gzip.compress(sse_reply())
+    relayed = b"".join(relay(compressed[i:i + 7]) for i in range(0, len(compressed), 7))
+    assert relayed + relay(b"") == sse_reply()
+    addon.response(flow)
+    [record] = gateway.last_records
+    assert (record.total_tokens, record.finish_reasons, record.error_type) == (4, ["stop"], None)
+
+
+async def test_a_compressed_json_body_is_observed_and_relayed_decoded(gateway: Gateway) -> None:
+    addon = LlmGateway(gateway)
+    flow = await admitted_flow(addon, await new_key(gateway), CHAT)
+    body = json.dumps({"id": "chatcmpl-2", "model": "llama-3.3-70b",
+                       "choices": [{"index": 0, "finish_reason": "length"}],
+                       "usage": {"prompt_tokens": 2, "completion_tokens": 5,
+                                 "total_tokens": 7}}).encode()
+    flow.response = tutils.tresp(
+        headers=http.Headers(content_type="application/json", content_encoding="gzip"),
+        content=gzip.compress(body),
+    )
+    addon.responseheaders(flow)
+    addon.response(flow)
+    assert flow.response.raw_content == body
+    assert flow.response.headers["content-length"] == str(len(body))
+    [record] = gateway.last_records
+    assert (record.total_tokens, record.finish_reasons) == (7, ["length"])
+
+
+async def test_a_failing_responseheaders_hook_kills_the_flow_and_finishes(
+    gateway: Gateway,
+) -> None:
+    addon = LlmGateway(gateway)
+    flow = await admitted_flow(addon, await new_key(gateway), CHAT)
+    flow.response = tutils.tresp()
+    flow.response.status_code = "not a status"  # type: ignore[assignment]
+    addon.responseheaders(flow)
+    assert flow.error is not None and flow.error.msg == flow.error.KILLED_MESSAGE
+    [record] = gateway.last_records
+    assert (record.status, record.error_type) == (502, "gateway_error")
+
+
+async def test_an_upstream_that_cannot_be_reached_is_recorded(gateway: Gateway) -> None:
+    addon = LlmGateway(gateway)
+    flow = await admitted_flow(addon, await new_key(gateway), CHAT)
+    flow.error = tflow.terr("Connection refused")
+    addon.error(flow)
+    [record] = gateway.last_records
+    assert (record.status, record.error_type) == (502, "upstream_unreachable")
+
+
+async def test_a_request_before_the_engine_exists_is_answered_not_forwarded() -> None:
+    addon = LlmGateway()  # configure() never ran: no engine
+    flow = llm_flow("llmg_whatever", CHAT)
+    addon.requestheaders(flow)
+    await addon.request(flow)
+    assert flow.response is not None and flow.response.status_code == 500
+    assert json.loads(flow.response.content or b"")["error"]["code"] == "gateway_error"
+    assert flow.request.headers["authorization"] == "Bearer llmg_whatever"  # not rewritten
