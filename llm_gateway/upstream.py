@@ -1,5 +1,9 @@
 """Upstream providers: where a request goes, with which server-held key, and the client
-that sends it (pooled connections, timeouts, retries with backoff).
+that sends it (pooled keep-alive connections, timeouts, retries with backoff).
+
+The client is aiohttp's: measured here against the fake upstream at concurrency 8, it
+spends about 150 µs of CPU per request where httpx's pool spends about 850 µs, and the
+upstream client is most of the gateway's own cost per request.
 """
 
 from __future__ import annotations
@@ -8,10 +12,11 @@ import asyncio
 import email.utils
 import random
 import time
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import httpx
+import aiohttp
 
 from llm_gateway.config import Secret
 
@@ -46,16 +51,23 @@ class Upstream:
 
 
 class UpstreamFailure(Exception):
-    """The upstream could not be reached or did not answer in time."""
+    """The upstream could not be reached, did not answer in time, or broke off."""
 
-    def __init__(self, status: int, code: str, message: str, attempts: int) -> None:
+    def __init__(self, status: int, code: str, message: str, attempts: int = 1) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.attempts = attempts
 
 
-def retry_after_seconds(headers: httpx.Headers, now: float | None = None) -> float | None:
+def _timed_out(name: str, attempts: int = 1) -> UpstreamFailure:
+    return UpstreamFailure(
+        504, "upstream_timeout", f"The upstream provider '{name}' did not answer in time.",
+        attempts,
+    )
+
+
+def retry_after_seconds(headers: Mapping[str, str], now: float | None = None) -> float | None:
     """Seconds the provider asked us to wait (Retry-After / retry-after-ms), if any."""
     if (millis := headers.get("retry-after-ms")) is not None:
         try:
@@ -76,17 +88,73 @@ def retry_after_seconds(headers: httpx.Headers, now: float | None = None) -> flo
     return max(0.0, when - (time.time() if now is None else now))
 
 
-class UpstreamClient:
-    """One shared httpx client: pooled keep-alive connections to every provider."""
+class UpstreamResponse:
+    """An upstream answer whose headers have arrived; the body is read or streamed once."""
 
-    def __init__(self, client: httpx.AsyncClient | None = None) -> None:
-        self._client = client or httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
-            # Providers get 'identity' so the stream parser sees plain SSE.
-            headers={"accept-encoding": "identity"},
-            follow_redirects=False,
-            trust_env=False,
-        )
+    __slots__ = ("_response", "_upstream", "headers", "status")
+
+    def __init__(self, response: aiohttp.ClientResponse, upstream: Upstream) -> None:
+        self._response = response
+        self._upstream = upstream
+        self.status = response.status
+        self.headers: list[tuple[str, str]] = list(response.headers.items())
+
+    async def read(self) -> bytes:
+        try:
+            return await self._response.read()
+        except TimeoutError:
+            raise _timed_out(self._upstream.name) from None
+        except aiohttp.ClientError:
+            raise UpstreamFailure(
+                502, "upstream_broken_response",
+                f"The upstream provider '{self._upstream.name}' broke off its answer.",
+            ) from None
+        finally:
+            self._response.release()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives, chunk by chunk; never waits for more than one read."""
+        try:
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+        except TimeoutError:
+            raise _timed_out(self._upstream.name) from None
+        except aiohttp.ClientError:
+            raise UpstreamFailure(
+                502, "upstream_stream_interrupted",
+                f"The upstream provider '{self._upstream.name}' broke off its stream.",
+            ) from None
+        finally:
+            # A body read to its end returns the connection to the pool; one abandoned
+            # halfway (client gone, broken stream) must not be reused.
+            if self._response.content.at_eof():
+                self._response.release()
+            else:
+                self._response.close()
+
+    def close(self) -> None:
+        self._response.close()
+
+
+class UpstreamClient:
+    """One shared connection pool to every provider, created on the loop that uses it."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=1000, keepalive_timeout=30),
+                # The gateway asks for identity; a provider that compresses anyway is
+                # decoded incrementally, so the SSE observer always sees plain text
+                # (the engine drops Content-Encoding for the client).
+                auto_decompress=True,
+                skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                trust_env=False,
+            )
+        return self._session
 
     async def open(
         self,
@@ -95,34 +163,34 @@ class UpstreamClient:
         url: str,
         headers: list[tuple[str, str]],
         body: bytes,
-    ) -> tuple[httpx.Response, int]:
-        """Send and return the open response (headers read, body not) and the attempt count.
+    ) -> tuple[UpstreamResponse, int]:
+        """Send and return the response (headers read, body not) and the attempt count.
 
         Connection errors and retryable statuses are retried up to ``max_retries`` times
         before any byte of a response reached the caller, so a stream is never retried
-        once it started. The caller must ``aclose()`` the response.
+        once it started. The caller reads or streams the body, or closes the response.
         """
-        timeout = httpx.Timeout(upstream.timeout, connect=upstream.connect_timeout)
+        session = self._client()
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=upstream.connect_timeout, sock_read=upstream.timeout
+        )
         attempt = 0
         while True:
-            request = self._client.build_request(
-                method, url, headers=headers, content=body or None, timeout=timeout
-            )
             try:
-                response = await self._client.send(request, stream=True)
-            except httpx.TimeoutException as exc:
-                # Only a connect timeout is safe to retry: a read timeout already cost
-                # the whole budget once.
-                if isinstance(exc, httpx.ConnectTimeout) and attempt < upstream.max_retries:
+                response = await session.request(
+                    method, url, headers=headers, data=body or None, timeout=timeout,
+                    allow_redirects=False,
+                )
+            except aiohttp.ConnectionTimeoutError:
+                # A connect timeout is safe to retry; a read timeout cost the budget once.
+                if attempt < upstream.max_retries:
                     attempt += 1
                     await asyncio.sleep(upstream.backoff(attempt - 1))
                     continue
-                raise UpstreamFailure(
-                    504, "upstream_timeout",
-                    f"The upstream provider '{upstream.name}' did not answer in time.",
-                    attempt + 1,
-                ) from None
-            except httpx.TransportError:
+                raise _timed_out(upstream.name, attempt + 1) from None
+            except TimeoutError:
+                raise _timed_out(upstream.name, attempt + 1) from None
+            except aiohttp.ClientError:
                 if attempt < upstream.max_retries:
                     attempt += 1
                     await asyncio.sleep(upstream.backoff(attempt - 1))
@@ -132,16 +200,18 @@ class UpstreamClient:
                     f"The upstream provider '{upstream.name}' could not be reached.",
                     attempt + 1,
                 ) from None
-            if response.status_code in RETRYABLE_STATUSES and attempt < upstream.max_retries:
+            if response.status in RETRYABLE_STATUSES and attempt < upstream.max_retries:
                 wait = retry_after_seconds(response.headers)
                 if wait is None:
                     wait = upstream.backoff(attempt)
                 if wait <= MAX_RETRY_WAIT_SECONDS:
-                    await response.aclose()
+                    response.release()
                     attempt += 1
                     await asyncio.sleep(wait)
                     continue
-            return response, attempt + 1
+            return UpstreamResponse(response, upstream), attempt + 1
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
