@@ -18,5 +18,10 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest -q
 
+# The whole comparison (several minutes): table on stdout, JSON + PNG in bench/results/.
+bench: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) -m bench.run $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache llm-gateway.db llm-gateway-demo.db

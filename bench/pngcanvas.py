@@ -1,0 +1,139 @@
+"""A tiny RGB raster that writes PNG files: the chart's fallback when matplotlib is missing.
+
+Rectangles, lines and a 5x7 bitmap font (upper case, digits, a little punctuation) are all
+a benchmark chart needs; the PNG encoder is zlib plus the three mandatory chunks.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from pathlib import Path
+
+Color = tuple[int, int, int]
+
+# 5x7 glyphs, one 5-bit row per number, top row first (after the HD44780 character ROM).
+_GLYPHS: dict[str, tuple[int, ...]] = {
+    "0": (0x0E, 0x11, 0x13, 0x15, 0x19, 0x11, 0x0E),
+    "1": (0x04, 0x0C, 0x04, 0x04, 0x04, 0x04, 0x0E),
+    "2": (0x0E, 0x11, 0x01, 0x02, 0x04, 0x08, 0x1F),
+    "3": (0x1F, 0x02, 0x04, 0x02, 0x01, 0x11, 0x0E),
+    "4": (0x02, 0x06, 0x0A, 0x12, 0x1F, 0x02, 0x02),
+    "5": (0x1F, 0x10, 0x1E, 0x01, 0x01, 0x11, 0x0E),
+    "6": (0x06, 0x08, 0x10, 0x1E, 0x11, 0x11, 0x0E),
+    "7": (0x1F, 0x01, 0x02, 0x04, 0x08, 0x08, 0x08),
+    "8": (0x0E, 0x11, 0x11, 0x0E, 0x11, 0x11, 0x0E),
+    "9": (0x0E, 0x11, 0x11, 0x0F, 0x01, 0x02, 0x0C),
+    "A": (0x0E, 0x11, 0x11, 0x11, 0x1F, 0x11, 0x11),
+    "B": (0x1E, 0x11, 0x11, 0x1E, 0x11, 0x11, 0x1E),
+    "C": (0x0E, 0x11, 0x10, 0x10, 0x10, 0x11, 0x0E),
+    "D": (0x1C, 0x12, 0x11, 0x11, 0x11, 0x12, 0x1C),
+    "E": (0x1F, 0x10, 0x10, 0x1E, 0x10, 0x10, 0x1F),
+    "F": (0x1F, 0x10, 0x10, 0x1E, 0x10, 0x10, 0x10),
+    "G": (0x0E, 0x11, 0x10, 0x17, 0x11, 0x11, 0x0F),
+    "H": (0x11, 0x11, 0x11, 0x1F, 0x11, 0x11, 0x11),
+    "I": (0x0E, 0x04, 0x04, 0x04, 0x04, 0x04, 0x0E),
+    "J": (0x07, 0x02, 0x02, 0x02, 0x02, 0x12, 0x0C),
+    "K": (0x11, 0x12, 0x14, 0x18, 0x14, 0x12, 0x11),
+    "L": (0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x1F),
+    "M": (0x11, 0x1B, 0x15, 0x15, 0x11, 0x11, 0x11),
+    "N": (0x11, 0x11, 0x19, 0x15, 0x13, 0x11, 0x11),
+    "O": (0x0E, 0x11, 0x11, 0x11, 0x11, 0x11, 0x0E),
+    "P": (0x1E, 0x11, 0x11, 0x1E, 0x10, 0x10, 0x10),
+    "Q": (0x0E, 0x11, 0x11, 0x11, 0x15, 0x12, 0x0D),
+    "R": (0x1E, 0x11, 0x11, 0x1E, 0x14, 0x12, 0x11),
+    "S": (0x0F, 0x10, 0x10, 0x0E, 0x01, 0x01, 0x1E),
+    "T": (0x1F, 0x04, 0x04, 0x04, 0x04, 0x04, 0x04),
+    "U": (0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x0E),
+    "V": (0x11, 0x11, 0x11, 0x11, 0x11, 0x0A, 0x04),
+    "W": (0x11, 0x11, 0x11, 0x15, 0x15, 0x15, 0x0A),
+    "X": (0x11, 0x11, 0x0A, 0x04, 0x0A, 0x11, 0x11),
+    "Y": (0x11, 0x11, 0x11, 0x0A, 0x04, 0x04, 0x04),
+    "Z": (0x1F, 0x01, 0x02, 0x04, 0x08, 0x10, 0x1F),
+    " ": (0, 0, 0, 0, 0, 0, 0),
+    ".": (0, 0, 0, 0, 0, 0x0C, 0x0C),
+    ",": (0, 0, 0, 0, 0x0C, 0x04, 0x08),
+    "-": (0, 0, 0, 0x1F, 0, 0, 0),
+    "_": (0, 0, 0, 0, 0, 0, 0x1F),
+    "=": (0, 0, 0x1F, 0, 0x1F, 0, 0),
+    "+": (0, 0x04, 0x04, 0x1F, 0x04, 0x04, 0),
+    "/": (0, 0x01, 0x02, 0x04, 0x08, 0x10, 0),
+    "(": (0x02, 0x04, 0x08, 0x08, 0x08, 0x04, 0x02),
+    ")": (0x08, 0x04, 0x02, 0x02, 0x02, 0x04, 0x08),
+    ":": (0, 0x0C, 0x0C, 0, 0x0C, 0x0C, 0),
+    "%": (0x18, 0x19, 0x02, 0x04, 0x08, 0x13, 0x03),
+    "<": (0x02, 0x04, 0x08, 0x10, 0x08, 0x04, 0x02),
+    ">": (0x08, 0x04, 0x02, 0x01, 0x02, 0x04, 0x08),
+    "?": (0x0E, 0x11, 0x01, 0x02, 0x04, 0, 0x04),
+}
+GLYPH_WIDTH, GLYPH_HEIGHT, GLYPH_ADVANCE = 5, 7, 6
+
+
+class Canvas:
+    def __init__(self, width: int, height: int, background: Color = (255, 255, 255)) -> None:
+        self.width = width
+        self.height = height
+        self.pixels = bytearray(bytes(background) * (width * height))
+
+    def point(self, x: int, y: int, color: Color) -> None:
+        if 0 <= x < self.width and 0 <= y < self.height:
+            offset = (y * self.width + x) * 3
+            self.pixels[offset:offset + 3] = bytes(color)
+
+    def rect(self, x0: int, y0: int, x1: int, y1: int, color: Color) -> None:
+        """Fill the rectangle between two corners (inclusive)."""
+        left, right = sorted((max(0, x0), min(self.width - 1, x1)))
+        top, bottom = sorted((max(0, y0), min(self.height - 1, y1)))
+        row = bytes(color) * (right - left + 1)
+        for y in range(top, bottom + 1):
+            offset = (y * self.width + left) * 3
+            self.pixels[offset:offset + len(row)] = row
+
+    def line(self, x0: int, y0: int, x1: int, y1: int, color: Color, width: int = 1) -> None:
+        # Bresenham; a wider line is a square brush along the path.
+        dx, dy = abs(x1 - x0), -abs(y1 - y0)
+        step_x, step_y = (1 if x0 < x1 else -1), (1 if y0 < y1 else -1)
+        error = dx + dy
+        half = width // 2
+        while True:
+            self.rect(x0 - half, y0 - half, x0 + half, y0 + half, color)
+            if x0 == x1 and y0 == y1:
+                return
+            doubled = 2 * error
+            if doubled >= dy:
+                error += dy
+                x0 += step_x
+            if doubled <= dx:
+                error += dx
+                y0 += step_y
+
+    def text(self, x: int, y: int, text: str, color: Color = (0, 0, 0), scale: int = 1) -> int:
+        """Draw ``text`` with its top-left corner at (x, y); returns the width drawn."""
+        cursor = x
+        for character in text.upper():
+            rows = _GLYPHS.get(character, _GLYPHS["?"])
+            for row_index, bits in enumerate(rows):
+                for column in range(GLYPH_WIDTH):
+                    if bits & (1 << (GLYPH_WIDTH - 1 - column)):
+                        px, py = cursor + column * scale, y + row_index * scale
+                        self.rect(px, py, px + scale - 1, py + scale - 1, color)
+            cursor += GLYPH_ADVANCE * scale
+        return cursor - x
+
+    @staticmethod
+    def text_width(text: str, scale: int = 1) -> int:
+        return len(text) * GLYPH_ADVANCE * scale
+
+    def save_png(self, path: Path) -> None:
+        stride = self.width * 3
+        # Filter type 0 (none) before every row.
+        raw = b"".join(b"\x00" + bytes(self.pixels[y * stride:(y + 1) * stride])
+                       for y in range(self.height))
+
+        def chunk(kind: bytes, data: bytes) -> bytes:
+            return (struct.pack(">I", len(data)) + kind + data
+                    + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+
+        header = struct.pack(">IIBBBBB", self.width, self.height, 8, 2, 0, 0, 0)
+        path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
+                         + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))

@@ -1,0 +1,89 @@
+"""What a process costs, read from /proc: resident memory and CPU time, over a process tree.
+
+A target may be more than one process (a launcher script that forks its server, a worker
+manager), so every figure covers the process and all its descendants.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CLOCK_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
+PAGE_SIZE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces: split after it.
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def _children(pid: int) -> list[int]:
+    children: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return children
+    for task in tasks:
+        try:
+            listed = Path(f"/proc/{pid}/task/{task}/children").read_text().split()
+        except OSError:
+            continue
+        children.extend(int(child) for child in listed)
+    return children
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every live descendant."""
+    tree: list[int] = []
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        if _stat_fields(current) is None:
+            continue
+        tree.append(current)
+        pending.extend(_children(current))
+    return tree
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of the process tree (all threads), in seconds."""
+    ticks = 0
+    for member in process_tree(pid):
+        fields = _stat_fields(member)
+        if fields is not None:
+            # After the name: state is index 0, so utime (field 14) is 11, stime is 12.
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / CLOCK_TICKS_PER_SECOND
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of the process tree, in bytes."""
+    total = 0
+    for member in process_tree(pid):
+        try:
+            pages = int(Path(f"/proc/{member}/statm").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        total += pages * PAGE_SIZE_BYTES
+    return total
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """A CPU-time reading to subtract from a later one."""
+
+    pid: int
+    seconds: float
+
+    @classmethod
+    def take(cls, pid: int) -> CpuSample:
+        return cls(pid, cpu_seconds(pid))
+
+    def elapsed(self) -> float:
+        return cpu_seconds(self.pid) - self.seconds
