@@ -46,7 +46,7 @@ PrivateKey = rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey
 class GatewayCa:
     """The CA certificate (public) and its private key (never in a repr or a log line)."""
 
-    cert_pem: bytes
+    cert_pem: bytes  # the CA certificate first, then the chain above it, if any
     key_pem: bytes = field(repr=False)
     source: str  # where it came from, for the start-up log line
 
@@ -147,9 +147,11 @@ def _read(path: Path) -> bytes:
 
 
 def _checked(cert_source: bytes, key_source: bytes, source: str) -> GatewayCa:
-    """Keep only the first certificate and the key, after checking they make a usable CA."""
+    """The CA certificate (with the chain that follows it, if any) and its key, after
+    checking that they make a usable CA."""
     try:
-        cert = x509.load_pem_x509_certificates(cert_source)[0]
+        chain = x509.load_pem_x509_certificates(cert_source)
+        cert = chain[0]
         key = serialization.load_pem_private_key(_first_key_block(key_source), password=None)
     except (ValueError, TypeError, IndexError):
         # Never the exception's text: it could quote key material.
@@ -169,7 +171,9 @@ def _checked(cert_source: bytes, key_source: bytes, source: str) -> GatewayCa:
         serialization.PrivateFormat.TraditionalOpenSSL,
         serialization.NoEncryption(),
     )
-    return GatewayCa(cert.public_bytes(serialization.Encoding.PEM), key_pem, source)
+    # An intermediate CA keeps its chain: mitmproxy serves it, and apps get it in the bundle.
+    chain_pem = b"".join(c.public_bytes(serialization.Encoding.PEM) for c in chain)
+    return GatewayCa(chain_pem, key_pem, source)
 
 
 def _first_key_block(pem: bytes) -> bytes:

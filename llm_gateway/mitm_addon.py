@@ -65,6 +65,8 @@ class _LlmFlow:
     # response the provider's, to be relayed and observed.
     forwarded: bool = False
     content_encoding: str | None = None  # the upstream's, for a buffered body
+    # What the client gets for a buffered body, applied once the body is complete.
+    client_headers: list[tuple[str, str]] | None = None
 
 
 class LlmGateway:
@@ -254,15 +256,19 @@ class LlmGateway:
                 decoder = _IncrementalDecoder.for_encoding(content_encoding)
                 if decoder is None:  # an encoding this adapter cannot read: relay it as is
                     client_headers.append(("content-encoding", content_encoding))
-                if not (flow.request.is_http2 or flow.request.is_http3):
-                    # The length is unknown: HTTP/1 needs chunks (HTTP/2 frames itself).
-                    client_headers.append(("transfer-encoding", "chunked"))
+                client_headers.extend(_stream_framing(response.headers, decoded=bool(
+                    content_encoding and decoder is not None)))
                 response.stream = _SseRelay(exchange, decoder)
+                # Sent now, as the stream starts.
+                response.headers = _mitm_headers(client_headers)
             else:
                 # A whole body is observed once and may be rewritten (errors, /models).
                 response.stream = False
                 state.content_encoding = content_encoding or None
-            response.headers = _mitm_headers(client_headers)
+                # Applied in `response`: until the body is complete, mitmproxy's upstream
+                # connection reads the framing (content-length...) from these very headers
+                # to decide whether it can be kept for the next request.
+                state.client_headers = client_headers
         except Exception:
             log.exception("llm-gateway: responseheaders failed; killing the flow")
             exchange.fail(502, "gateway_error")
@@ -280,8 +286,10 @@ class LlmGateway:
                 if state.content_encoding:
                     raw = encoding.decode(raw, state.content_encoding)
                 body = exchange.complete_body(bytes(raw))
+                response.headers = _mitm_headers(
+                    [*(state.client_headers or []), ("content-length", str(len(body)))]
+                )
                 response.raw_content = body
-                response.headers["content-length"] = str(len(body))
             self._finish(exchange)
         except Exception:
             log.exception("llm-gateway: response failed; answering 502")
@@ -369,6 +377,17 @@ class _IncrementalDecoder:
             brotli_decoder = brotli.Decompressor()
             return cls(brotli_decoder.process, lambda: b"")
         return None
+
+
+def _stream_framing(upstream: http.Headers, *, decoded: bool) -> list[tuple[str, str]]:
+    """The client's framing for a relayed stream: the upstream's own, unless decoding
+    changed the length. mitmproxy reads it from the same headers to decide whether the
+    upstream connection can be reused, so it must stay true to what the upstream sent.
+    (HTTP/2 clients get frames: mitmproxy drops transfer-encoding for them.)"""
+    content_length = upstream.get("content-length")
+    if content_length and "transfer-encoding" not in upstream and not decoded:
+        return [("content-length", content_length)]
+    return [("transfer-encoding", "chunked")]
 
 
 def _forwarded(flow: http.HTTPFlow) -> _LlmFlow | None:

@@ -216,6 +216,9 @@ class Sidecar:
             await runner
         finally:
             await self._admin_server.close()
+            # Client connections still open now are cancelled when the loop ends; on some
+            # Python versions the stream callback then logs each cancellation as an error.
+            asyncio.get_running_loop().set_exception_handler(_ignore_cancellations)
 
     async def _wait_until_listening(
         self, proxy_server: proxyserver.Proxyserver, runner: asyncio.Task[None]
@@ -278,12 +281,7 @@ async def _serve(arguments: SidecarArguments, settings: Settings, runtime_dir: P
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, sidecar.shutdown)
-    try:
-        await sidecar.run()
-    finally:
-        # Connections still open at exit are cancelled by asyncio.run; on some Python
-        # versions the stream callback then logs each CancelledError as an error.
-        loop.set_exception_handler(_ignore_cancellations)
+    await sidecar.run()
 
 
 def _ignore_cancellations(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:

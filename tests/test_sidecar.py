@@ -619,6 +619,20 @@ def test_asgi_and_sidecar_write_the_same_finish_record(
     assert [seen.json for seen in fake.requests] == [body, body]
 
 
+def test_upstream_connections_are_reused(
+    tmp_path: Path, fake_url: str, fake: FakeUpstream, ca_dir: Path
+) -> None:
+    """One upstream connection for many requests on one client connection: mitmproxy
+    keeps every upstream connection a client connection opened, so this is also what
+    keeps the sidecar's memory flat."""
+    gateway = in_process_gateway(tmp_path, fake_url)
+    key = create_key(gateway.settings.database_url)[1]
+    with sidecar_in_thread(gateway, ca_dir, tmp_path) as sidecar, sidecar.client() as client:
+        for body in (CHAT, {**CHAT, "stream": True}, CHAT, {**CHAT, "stream": True}):
+            assert chat(client, VENICE, key, body).status_code == 200
+    assert len(fake.requests) == 4 and fake.connections == 1
+
+
 def test_client_gone_mid_stream_is_recorded(
     tmp_path: Path, fake_url: str, fake: FakeUpstream, ca_dir: Path
 ) -> None:

@@ -175,3 +175,33 @@ def test_the_engine_maps_hosts_and_paths(tmp_path: Path) -> None:
     rejection = denying.egress_rejection("example.com", 443)
     assert rejection is not None and rejection.status == 403
     assert rejection.error_type == "egress_denied"
+
+
+def test_an_intermediate_ca_keeps_its_chain(tmp_path: Path) -> None:
+    from mitmproxy.certs import CertStore
+
+    root_cert_pem, root_key_pem = self_signed(is_ca=True)
+    root_cert = x509.load_pem_x509_certificate(root_cert_pem)
+    root_key = serialization.load_pem_private_key(root_key_pem, None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    intermediate = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sidecar CA")]))
+        .issuer_name(root_cert.subject).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), True)
+        .sign(root_key, hashes.SHA256())  # type: ignore[arg-type]
+    )
+    intermediate_pem = intermediate.public_bytes(serialization.Encoding.PEM)
+    (tmp_path / CERT_FILE).write_bytes(intermediate_pem + root_cert_pem)
+    (tmp_path / KEY_FILE).write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    ca = load_or_create_ca(tmp_path)
+    assert ca.cert_pem == intermediate_pem + root_cert_pem
+    confdir = tmp_path / "runtime"
+    install_for_mitmproxy(ca, confdir)
+    store = CertStore.from_store(confdir, "mitmproxy", 2048)
+    assert [c.cn for c in store.default_chain_certs] == ["sidecar CA", "test"]
