@@ -51,6 +51,7 @@ log = logging.getLogger("llm_gateway.sidecar")
 ADAPTER_NAME = "sidecar"
 # Where a flow's gateway state lives: on the flow, so it goes when mitmproxy drops it.
 _STATE_KEY = "llm_gateway"
+_IDENTITY_ENCODINGS = frozenset({"", "identity", "none"})
 # mitmproxy's message when the client side of a connection closed.
 _CLIENT_DISCONNECTED = "Client disconnected."
 
@@ -191,17 +192,25 @@ class LlmGateway:
             _answer_failure(flow)
 
     async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None:
+            return  # answered already (requestheaders, or another addon)
         state = flow.metadata.get(_STATE_KEY)
-        if not isinstance(state, _LlmFlow) or flow.response is not None:
-            return  # another host, or answered already
         try:
+            if not isinstance(state, _LlmFlow):
+                # Classified again rather than trusted: a flow to an LLM host that did
+                # not pass requestheaders must not go on unchanged.
+                api_root = self._api_root(flow)
+                if api_root is None:
+                    return  # another host
+                state = flow.metadata[_STATE_KEY] = _LlmFlow(api_root)
             await self._admit(flow, state)
         except Exception:
             log.exception("llm-gateway: request failed; answering 500, nothing forwarded")
-            if state.exchange is not None:
-                state.exchange.fail(500, "gateway_error")
-                self._finish(state.exchange)
-            state.forwarded = False
+            if isinstance(state, _LlmFlow):
+                if state.exchange is not None:
+                    state.exchange.fail(500, "gateway_error")
+                    self._finish(state.exchange)
+                state.forwarded = False
             _answer_failure(flow)
 
     async def _admit(self, flow: http.HTTPFlow, state: _LlmFlow) -> None:
@@ -253,11 +262,14 @@ class LlmGateway:
                 response.status_code, response.headers.items(multi=True)
             )
             if exchange.is_sse:
-                decoder = _IncrementalDecoder.for_encoding(content_encoding)
-                if decoder is None:  # an encoding this adapter cannot read: relay it as is
+                identity = content_encoding in _IDENTITY_ENCODINGS
+                decoder = None if identity else _IncrementalDecoder.for_encoding(content_encoding)
+                if not identity and decoder is None:
+                    # An encoding this adapter cannot undo: relay it as it is, labelled.
                     client_headers.append(("content-encoding", content_encoding))
-                client_headers.extend(_stream_framing(response.headers, decoded=bool(
-                    content_encoding and decoder is not None)))
+                client_headers.extend(
+                    _stream_framing(response.headers, decoded=decoder is not None)
+                )
                 response.stream = _SseRelay(exchange, decoder)
                 # Sent now, as the stream starts.
                 response.headers = _mitm_headers(client_headers)
@@ -364,9 +376,7 @@ class _IncrementalDecoder:
 
     @classmethod
     def for_encoding(cls, content_encoding: str) -> _IncrementalDecoder | None:
-        """A decoder, or None for an encoding it cannot undo. Identity decodes to itself."""
-        if content_encoding in ("", "identity", "none"):
-            return cls(lambda data: data, lambda: b"")
+        """A decoder, or None for an encoding it cannot undo."""
         if content_encoding in ("gzip", "x-gzip", "deflate"):
             # 32 + MAX_WBITS reads gzip and zlib headers alike.
             inflater = zlib.decompressobj(32 + zlib.MAX_WBITS)

@@ -689,24 +689,32 @@ class ExplodingKeyStore:
         return await self.inner.key_by_prefix(prefix)
 
 
+@pytest.mark.parametrize("mode", ["regular", "reverse"])
 def test_fail_closed_when_the_key_store_raises(
-    tmp_path: Path, fake_url: str, fake: FakeUpstream, ca_dir: Path
+    tmp_path: Path, fake_url: str, fake: FakeUpstream, ca_dir: Path, mode: str
 ) -> None:
     settings: Settings = make_settings(tmp_path, fake_url)
     key = create_key(settings.database_url)[1]
     store = ExplodingKeyStore(open_store(settings.database_url))
     gateway = in_process_gateway(tmp_path, fake_url, store=store)  # type: ignore[arg-type]
-    with sidecar_in_thread(gateway, ca_dir, tmp_path) as sidecar, sidecar.client() as client:
-        # Through a CONNECT tunnel, and in plain HTTP straight at the upstream's own address
-        # (an LLM host too): had the flow gone on unchanged, the fake would have it.
-        for base_url in (VENICE, fake_url):
-            assert_openai_error(chat(client, base_url, key), 500, "gateway_error")
-        assert fake.requests == [] and fake.connections == 0
-        # The control: with the store back, the same requests do reach the fake.
-        store.exploding = False
-        for base_url in (VENICE, fake_url):
-            assert chat(client, base_url, key).status_code == 200
-    assert len(fake.requests) == 2
+    with sidecar_in_thread(gateway, ca_dir, tmp_path, mode=mode) as sidecar:
+        if mode == "regular":
+            client = sidecar.client()
+            # Through a CONNECT tunnel, and in plain HTTP straight at the upstream's own
+            # address (an LLM host too): had the flow gone on unchanged, the fake had it.
+            base_urls = [VENICE, fake_url]
+        else:
+            client = httpx.Client(timeout=10)
+            base_urls = [sidecar.proxy + "/v1"]
+        with client:
+            for base_url in base_urls:
+                assert_openai_error(chat(client, base_url, key), 500, "gateway_error")
+            assert fake.requests == [] and fake.connections == 0
+            # The control: with the store back, the same requests do reach the fake.
+            store.exploding = False
+            for base_url in base_urls:
+                assert chat(client, base_url, key).status_code == 200
+    assert len(fake.requests) == len(base_urls)
 
 
 class CrashAfterAdmission(Gateway):

@@ -150,3 +150,14 @@ async def test_a_request_before_the_engine_exists_is_answered_not_forwarded() ->
     assert flow.response is not None and flow.response.status_code == 500
     assert json.loads(flow.response.content or b"")["error"]["code"] == "gateway_error"
     assert flow.request.headers["authorization"] == "Bearer llmg_whatever"  # not rewritten
+
+
+async def test_a_flow_that_skipped_requestheaders_is_still_checked(gateway: Gateway) -> None:
+    addon = LlmGateway(gateway)
+    flow = llm_flow("llmg_not-a-real-key", CHAT)
+    await addon.request(flow)  # no requestheaders first
+    assert flow.response is not None and flow.response.status_code == 401
+    assert flow.request.host == "api.venice.ai"  # not rewritten, and answered
+    other = tflow.tflow(req=tutils.treq(host="example.com", port=80))
+    await addon.request(other)
+    assert other.response is None and other.request.headers["header"] == "qvalue"
