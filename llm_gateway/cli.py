@@ -33,6 +33,9 @@ def _run_server(app: object, settings: Settings) -> None:
         host=settings.bind_host,
         port=settings.bind_port,
         access_log=False,
+        # Nothing reads the client address, and no uvicorn banner goes to clients.
+        proxy_headers=False,
+        server_header=False,
         lifespan="on",
         log_level="info",
         timeout_graceful_shutdown=10,
