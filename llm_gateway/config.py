@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -106,7 +106,6 @@ class Settings:
     # API root path; every other host is the egress policy's.
     llm_hosts: tuple[tuple[str, str], ...] = DEFAULT_LLM_HOSTS
     egress_policy: EgressPolicy = EgressPolicy.ALLOW
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     def require_provider_key(self) -> Secret:
         if not self.venice_api_key:
@@ -257,8 +256,10 @@ def load_settings(
         if not prefix.startswith("/"):
             raise ConfigError("api_prefix", f"must start with '/', got {prefix!r}")
         values["api_prefix"] = prefix.rstrip("/")
-    known = {name.lower() for name in _VARIABLES} | {"allowed_endpoints", "api_prefix", "llm_hosts"}
-    values["extra"] = {k: v for k, v in file_values.items() if k not in known}
+    # A misspelt setting would otherwise be ignored without a word.
+    known = {name.lower() for name in _VARIABLES} | _FILE_ONLY
+    if unknown := sorted(str(k) for k in file_values if k not in known):
+        raise ConfigError("LLM_GATEWAY_CONFIG", f"{config_file}: unknown setting {unknown[0]!r}")
     return Settings(**values)
 
 
@@ -287,6 +288,7 @@ def _parse_endpoints(raw: object) -> tuple[str, ...]:
     return tuple(endpoints)
 
 
+_FILE_ONLY = frozenset({"allowed_endpoints", "api_prefix", "llm_hosts"})
 _VARIABLES = (
     "BIND_ADDR", "DATABASE_URL", "REDIS_URL", "VENICE_API_KEY", "VENICE_BASE_URL",
     "OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_ENDPOINT", "REQUEST_TIMEOUT_SECONDS",

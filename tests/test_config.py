@@ -73,4 +73,11 @@ def test_example_config_file_loads() -> None:
     assert settings.allowed_endpoints == (
         "POST /chat/completions", "POST /embeddings", "GET /models"
     )
-    assert settings.extra == {}  # every key in the example is a known setting
+
+
+def test_unknown_setting_in_the_file_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text("venice_max_retrys: 5\n")
+    with pytest.raises(ConfigError) as raised:
+        load_settings({}, str(config))
+    assert "unknown setting 'venice_max_retrys'" in str(raised.value)
