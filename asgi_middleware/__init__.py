@@ -12,6 +12,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from llm_gateway.asgi_lifespan import answer_lifespan
 from llm_gateway.config import Settings, load_settings
 from llm_gateway.engine import Exchange, Gateway, IncomingRequest
 from llm_gateway.errors import Rejection, error_body
@@ -207,13 +208,8 @@ class GatewayMiddleware:
 
 async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        await answer_lifespan(receive, send)
+        return
     if scope["type"] != "http":
         return
     body = json.dumps({"error": {

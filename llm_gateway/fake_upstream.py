@@ -40,6 +40,8 @@ import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from llm_gateway.asgi_lifespan import answer_lifespan
+
 __all__ = [
     "BILLING_SECRET",
     "DEFAULT_FAKE_API_KEY",
@@ -519,13 +521,7 @@ class FakeUpstream:
         self, scope: ASGIScope, receive: ASGIReceive, send: ASGISend
     ) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await answer_lifespan(receive, send)
         elif scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
 

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
+from llm_gateway.asgi_lifespan import answer_lifespan
+
 logger = logging.getLogger("llm_gateway.injector")
 
 Scope = MutableMapping[str, Any]
@@ -595,7 +597,7 @@ def create_injector_app(settings: InjectorSettings | None = None) -> ASGIApp:
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await _serve_lifespan(receive, send)
+            await answer_lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
@@ -715,14 +717,6 @@ async def _send_json(send: Send, status: int, payload: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def _serve_lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
 
 
 # --- TLS and the command line -----------------------------------------------------------------
