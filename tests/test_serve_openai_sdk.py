@@ -138,3 +138,38 @@ def test_serve_without_provider_key_refuses_to_start(tmp_path: Path) -> None:
                             text=True, timeout=30)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("llm-gateway: VENICE_API_KEY:")
+
+
+def test_keys_never_reach_the_logs(fake_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A serve process's whole output, through successes and failures, holds no key."""
+    import time
+
+    import httpx
+
+    from llm_gateway.fake_upstream import Fault
+    from tests.support import gateway_processes
+
+    fake, fake_url = fake_server
+    fake.reset()
+    database_url = f"sqlite:///{tmp_path / 'logs.db'}"
+    _, key = create_key(database_url, rate_limit_requests=3)
+    env = {"DATABASE_URL": database_url, "VENICE_API_KEY": "sk-fake-upstream",
+           "VENICE_BASE_URL": fake_url, "VENICE_MAX_RETRIES": "0"}
+    with gateway_processes(env, 1) as [gateway]:
+        headers = {"authorization": f"Bearer {key}"}
+        body = {"model": "llama-3.3-70b", "messages": MESSAGES}
+        fake.push_fault(Fault(status=500, message="boom"))
+        statuses = [
+            httpx.post(gateway.url + "/v1/chat/completions", json=body, headers=headers).status_code
+            for _ in range(4)
+        ]
+        statuses.append(httpx.post(gateway.url + "/v1/chat/completions", json=body,
+                                   headers={"authorization": f"Bearer {key[:-1]}x"}).status_code)
+        assert statuses == [500, 200, 200, 429, 401]
+        gateway.process.terminate()
+        gateway.process.wait(10)
+        time.sleep(0.1)
+    output = "".join(gateway.output)
+    assert "Uvicorn running" in output or "Application startup complete" in output
+    for secret in (key, key[12:], "sk-fake-upstream"):
+        assert secret not in output
