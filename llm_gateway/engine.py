@@ -3,9 +3,10 @@
 Adapters (ASGI, mitmproxy) translate their own request objects into an
 ``IncomingRequest`` and call ``Gateway.admit``. The answer is a ``Rejection`` (answer
 it, nothing reaches an upstream) or an ``Exchange``: the admitted request's state,
-which either sends the request itself (``Exchange.respond``, used by the ASGI adapter)
-or tells an adapter that forwards on its own (mitmproxy) what to send and observes what
-comes back. ``Exchange.finish`` runs exactly once per admitted request.
+which either sends the request itself (``Exchange.respond``: the ASGI adapter, and
+mitmproxy for everything but streams) or tells an adapter that forwards on its own
+(mitmproxy, for streams) what to send and observes what comes back.
+``Exchange.finish`` runs exactly once per admitted request.
 """
 
 from __future__ import annotations

@@ -2,16 +2,23 @@
 
 It translates flows into the engine's ``IncomingRequest`` and the engine's answers back
 into flows; every rule (which hosts are LLM hosts, which paths may be forwarded, keys,
-limits, the provider key, the egress policy) is the engine's. mitmproxy forwards: the
-engine admits, names the upstream and its headers, and observes what comes back.
+limits, the provider key, the egress policy, retries, timeouts, error bodies) is the
+engine's. Who sends depends on the request:
+
+- not a stream: the engine sends (``Exchange.respond``: its pooled client, retries,
+  timeouts, OpenAI-shaped 502/504s) and the addon sets the answer as ``flow.response``;
+  mitmproxy then opens no upstream connection for the flow.
+- a stream (``"stream": true``): mitmproxy forwards, relaying each chunk as it arrives,
+  and the engine names the upstream and its headers and observes what comes back.
 
 For a request to an LLM host the hooks run in this order::
 
     http_connect     (CONNECT, regular mode) egress policy for the other hosts
     requestheaders   is it an LLM host? keep its body buffered; refuse an oversized one
-    request          admit: answer the rejection, or rewrite to the engine's upstream
-    responseheaders  the status and headers the engine gives the client; SSE streams on
-    response         observe a whole body; finish
+    request          admit: answer the rejection; the engine's answer (not a stream);
+                     or rewrite to the engine's upstream (a stream)
+    responseheaders  forwarded: the status and headers the engine gives the client
+    response         forwarded: observe a whole body; finish
     error            finish (client gone, upstream gone)
 
 Fail closed. mitmproxy runs each hook inside a safe-call wrapper that logs an exception
@@ -28,6 +35,7 @@ every other host's TLS untouched.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import zlib
@@ -54,6 +62,8 @@ _STATE_KEY = "llm_gateway"
 _IDENTITY_ENCODINGS = frozenset({"", "identity", "none"})
 # mitmproxy's message when the client side of a connection closed.
 _CLIENT_DISCONNECTED = "Client disconnected."
+# How often a request the engine is sending checks that its client is still there.
+_DISCONNECT_POLL_SECONDS = 0.1
 
 
 @dataclass(slots=True)
@@ -63,7 +73,7 @@ class _LlmFlow:
     api_root: str
     exchange: Exchange | None = None
     # True once the request was rewritten to the engine's upstream: only then is the
-    # response the provider's, to be relayed and observed.
+    # response the provider's as mitmproxy received it, to be relayed and observed.
     forwarded: bool = False
     content_encoding: str | None = None  # the upstream's, for a buffered body
     # What the client gets for a buffered body, applied once the body is complete.
@@ -231,16 +241,61 @@ class LlmGateway:
             return
         state.exchange = admitted
         self._in_flight.add(admitted)
+        if not admitted.stream:
+            await self._respond(flow, admitted)
+            return
         # Everything is computed before the flow changes, so a failure part-way leaves
         # the caller's request as it was, for the error answer to replace.
         upstream_url = admitted.upstream_url()
         upstream_headers = admitted.upstream_headers()
-        if body or request.method in ("POST", "PUT", "PATCH"):
-            upstream_headers.append(("content-length", str(len(body))))
+        upstream_headers.append(("content-length", str(len(body))))  # a stream: a POST
         request.url = upstream_url
         request.headers = _mitm_headers(upstream_headers)
         request.host_header = mitm_url.hostport(request.scheme, request.host, request.port)
         state.forwarded = True
+
+    async def _respond(self, flow: http.HTTPFlow, exchange: Exchange) -> None:
+        """The engine sends and answers; finished in ``response`` (or ``error``).
+
+        mitmproxy holds a client's disconnect until this hook returns, so a watcher polls
+        the client connection and cancels the wait when it went away, as the ASGI adapter
+        cancels its relay."""
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        gone = False
+
+        def watch() -> None:
+            nonlocal gone, timer
+            if _client_gone(flow):
+                gone = True
+                task.cancel()
+            else:
+                timer = loop.call_later(_DISCONNECT_POLL_SECONDS, watch)
+
+        timer = loop.call_later(_DISCONNECT_POLL_SECONDS, watch)
+        chunks = None
+        try:
+            response = await exchange.respond()
+            body, chunks = response.body, response.chunks
+            if chunks is not None:
+                # A stream the caller did not ask for: read whole, through the observer.
+                body = b"".join([chunk async for chunk in chunks])
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            task.uncancel()
+            self._finish(exchange, client_disconnected=True)
+            _kill(flow)
+            return
+        finally:
+            timer.cancel()
+            if chunks is not None:
+                await chunks.aclose()  # type: ignore[attr-defined]
+        flow.response = http.Response.make(
+            response.status, body,
+            _mitm_headers([*response.headers, ("content-length", str(len(body)))]),
+        )
 
     def _api_root(self, flow: http.HTTPFlow) -> str | None:
         """The API root of the flow's LLM host; None when it goes to another host."""
@@ -288,10 +343,13 @@ class LlmGateway:
             _kill(flow)
 
     def response(self, flow: http.HTTPFlow) -> None:
-        state = _forwarded(flow)
-        if state is None or state.exchange is None or flow.response is None:
+        state = flow.metadata.get(_STATE_KEY)
+        if not isinstance(state, _LlmFlow) or state.exchange is None or flow.response is None:
             return
         exchange, response = state.exchange, flow.response
+        if not state.forwarded:
+            self._finish(exchange)  # the engine's own answer, observed as it was made
+            return
         try:
             if not exchange.is_sse:
                 raw = response.raw_content or b""
@@ -318,6 +376,9 @@ class LlmGateway:
         try:
             if _client_gone(flow):
                 self._finish(exchange, client_disconnected=True)
+                return
+            if not state.forwarded:
+                self._finish(exchange)  # the engine answered: it failed, if at all, itself
                 return
             if flow.response is None:
                 exchange.fail(502, "upstream_unreachable")

@@ -622,15 +622,65 @@ def test_asgi_and_sidecar_write_the_same_finish_record(
 def test_upstream_connections_are_reused(
     tmp_path: Path, fake_url: str, fake: FakeUpstream, ca_dir: Path
 ) -> None:
-    """One upstream connection for many requests on one client connection: mitmproxy
-    keeps every upstream connection a client connection opened, so this is also what
-    keeps the sidecar's memory flat."""
+    """Two upstream connections for many requests on one client connection: the engine's
+    pool sends the JSON requests and mitmproxy forwards the streams. mitmproxy keeps
+    every upstream connection a client connection opened, so its reuse is also what keeps
+    the sidecar's memory flat."""
     gateway = in_process_gateway(tmp_path, fake_url)
     key = create_key(gateway.settings.database_url)[1]
     with sidecar_in_thread(gateway, ca_dir, tmp_path) as sidecar, sidecar.client() as client:
-        for body in (CHAT, {**CHAT, "stream": True}, CHAT, {**CHAT, "stream": True}):
+        for body in (CHAT, {**CHAT, "stream": True}, CHAT, {**CHAT, "stream": True},
+                     {**CHAT, "stream": True}, CHAT):
             assert chat(client, VENICE, key, body).status_code == 200
-    assert len(fake.requests) == 4 and fake.connections == 1
+    assert len(fake.requests) == 6 and fake.connections == 2
+
+
+# ---- 8. the engine sends what is not a stream: its retries, timeouts and errors ----------
+
+
+def test_an_unreachable_upstream_gets_the_gateways_502(tmp_path: Path) -> None:
+    closed = f"http://127.0.0.1:{free_port()}/api/v1"
+    with sidecar_process(closed, tmp_path, "--mode", "reverse",
+                         env={"VENICE_MAX_RETRIES": "1"}) as sidecar:
+        client = openai.OpenAI(base_url=sidecar.proxy + "/v1", api_key=sidecar.key(),
+                               max_retries=0)
+        with pytest.raises(openai.APIStatusError) as raised:
+            client.chat.completions.create(
+                model="llama-3.3-70b", messages=MESSAGES  # type: ignore[arg-type]
+            )
+        assert raised.value.status_code == 502
+        assert raised.value.code == "upstream_unreachable"
+        assert raised.value.response.headers["content-type"] == "application/json"
+
+
+def test_retries_and_timeouts_are_the_engines(
+    fake_server: tuple[FakeUpstream, str], fake: FakeUpstream, tmp_path: Path
+) -> None:
+    with (sidecar_process(fake_server[1], tmp_path, "--mode", "reverse",
+                          env={"REQUEST_TIMEOUT_SECONDS": "0.5"}) as sidecar,
+          httpx.Client(timeout=10) as client):
+        key, base_url = sidecar.key(), sidecar.proxy + "/v1"
+        fake.push_fault(Fault(status=503, retry_after="0"))
+        assert chat(client, base_url, key).status_code == 200
+        assert len(fake.requests) == 2  # the 503, then the retry
+        fake.push_fault(Fault(delay=2))
+        started = time.monotonic()
+        assert_openai_error(chat(client, base_url, key), 504, "upstream_timeout")
+        assert time.monotonic() - started < 1.5
+    upstream_saw_only_the_server_key(fake, key)
+
+
+def test_a_retried_request_records_its_attempts(
+    tmp_path: Path, fake_url: str, fake: FakeUpstream, ca_dir: Path
+) -> None:
+    gateway = in_process_gateway(tmp_path, fake_url)
+    key = create_key(gateway.settings.database_url)[1]
+    fake.push_fault(Fault(status=503, retry_after="0"))
+    with sidecar_in_thread(gateway, ca_dir, tmp_path) as sidecar, sidecar.client() as client:
+        assert chat(client, VENICE, key).status_code == 200
+        [record] = sidecar.records()
+    assert (record.status, record.attempts, record.error_type) == (200, 2, None)
+    assert record.total_tokens and record.finish_reasons == ["stop"]
 
 
 def test_client_gone_mid_stream_is_recorded(
@@ -670,7 +720,24 @@ def test_upstream_gone_mid_stream_is_recorded(
     assert record.status == 200 and record.finish_reasons == []
 
 
-# ---- 8. fail closed ----------------------------------------------------------------------
+def test_client_gone_while_the_engine_waits_is_recorded(
+    tmp_path: Path, fake_url: str, fake: FakeUpstream, ca_dir: Path
+) -> None:
+    gateway = in_process_gateway(tmp_path, fake_url)
+    key = create_key(gateway.settings.database_url)[1]
+    fake.push_fault(Fault(delay=3))
+    with sidecar_in_thread(gateway, ca_dir, tmp_path) as sidecar:
+        with sidecar.client() as client, pytest.raises(httpx.ReadTimeout):
+            client.post(VENICE + "/chat/completions", json=CHAT, timeout=0.5,
+                        headers={"authorization": f"Bearer {key}"})
+        started = time.monotonic()
+        [record] = sidecar.records()
+        assert time.monotonic() - started < 1  # recorded as the client left, not at 3 s
+    assert (record.status, record.error_type) == (499, "client_disconnected")
+    assert len(fake.requests) == 1
+
+
+# ---- 9. fail closed ----------------------------------------------------------------------
 
 
 class ExplodingKeyStore:

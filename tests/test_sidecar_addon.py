@@ -4,15 +4,19 @@ operator set that would undo the addon's guarantees)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gzip
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 from mitmproxy import exceptions, http
 from mitmproxy.addons import next_layer, proxyserver
+from mitmproxy.connection import ConnectionState
 from mitmproxy.test import taddons, tflow, tutils
 
 from llm_gateway.engine import Gateway
@@ -102,8 +106,9 @@ async def test_a_compressed_stream_is_decoded_for_client_and_observer(
 
 
 async def test_a_compressed_json_body_is_observed_and_relayed_decoded(gateway: Gateway) -> None:
+    """mitmproxy forwards streams only; a provider may answer one with JSON anyway."""
     addon = LlmGateway(gateway)
-    flow = await admitted_flow(addon, await new_key(gateway), CHAT)
+    flow = await admitted_flow(addon, await new_key(gateway), {**CHAT, "stream": True})
     body = json.dumps({"id": "chatcmpl-2", "model": "llama-3.3-70b",
                        "choices": [{"index": 0, "finish_reason": "length"}],
                        "usage": {"prompt_tokens": 2, "completion_tokens": 5,
@@ -124,7 +129,7 @@ async def test_a_failing_responseheaders_hook_kills_the_flow_and_finishes(
     gateway: Gateway,
 ) -> None:
     addon = LlmGateway(gateway)
-    flow = await admitted_flow(addon, await new_key(gateway), CHAT)
+    flow = await admitted_flow(addon, await new_key(gateway), {**CHAT, "stream": True})
     flow.response = tutils.tresp()
     flow.response.status_code = "not a status"  # type: ignore[assignment]
     addon.responseheaders(flow)
@@ -135,11 +140,94 @@ async def test_a_failing_responseheaders_hook_kills_the_flow_and_finishes(
 
 async def test_an_upstream_that_cannot_be_reached_is_recorded(gateway: Gateway) -> None:
     addon = LlmGateway(gateway)
-    flow = await admitted_flow(addon, await new_key(gateway), CHAT)
+    flow = await admitted_flow(addon, await new_key(gateway), {**CHAT, "stream": True})
     flow.error = tflow.terr("Connection refused")
     addon.error(flow)
     [record] = gateway.last_records
     assert (record.status, record.error_type) == (502, "upstream_unreachable")
+
+
+@contextlib.asynccontextmanager
+async def upstream_answering(handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+                             ) -> AsyncIterator[str]:
+    """A real upstream on loopback, for the requests the engine sends itself."""
+    app = web.Application()
+    app.router.add_post("/api/v1/chat/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}/api/v1"
+    finally:
+        await runner.cleanup()
+
+
+async def engine_for(tmp_path: Path, upstream: str) -> Gateway:
+    engine = Gateway(make_settings(tmp_path, upstream, venice_max_retries=0),
+                     key_cache_seconds=0)
+    await engine.start()
+    return engine
+
+
+async def test_a_stream_nobody_asked_for_is_answered_whole(tmp_path: Path) -> None:
+    async def sse(request: web.Request) -> web.Response:
+        return web.Response(body=sse_reply(), content_type="text/event-stream")
+
+    async with upstream_answering(sse) as upstream:
+        gateway = await engine_for(tmp_path, upstream)
+        try:
+            addon = LlmGateway(gateway)
+            flow = llm_flow(await new_key(gateway), CHAT)  # not a stream
+            addon.requestheaders(flow)
+            await addon.request(flow)
+            assert flow.response is not None and flow.response.status_code == 200
+            assert flow.response.content == sse_reply()
+            assert flow.response.headers["content-length"] == str(len(sse_reply()))
+            assert flow.request.host == "api.venice.ai"  # answered, not rewritten
+            assert gateway.last_records == []  # finished once mitmproxy answers
+            addon.responseheaders(flow)
+            addon.response(flow)
+            addon.response(flow)
+            [record] = gateway.last_records
+            assert (record.status, record.total_tokens, record.finish_reasons) == (
+                200, 4, ["stop"])
+        finally:
+            await gateway.close()
+
+
+async def test_a_client_gone_while_the_engine_waits_is_recorded(tmp_path: Path) -> None:
+    hung_up = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.Response:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if request.transport is None or request.transport.is_closing():
+                hung_up.set()
+                break
+            await asyncio.sleep(0.02)
+        return web.Response(body=b"{}", content_type="application/json")
+
+    async with upstream_answering(slow) as upstream:
+        gateway = await engine_for(tmp_path, upstream)
+        try:
+            addon = LlmGateway(gateway)
+            flow = llm_flow(await new_key(gateway), CHAT)
+            addon.requestheaders(flow)
+            asyncio.get_running_loop().call_later(
+                0.2, setattr, flow.client_conn, "state", ConnectionState.CLOSED)
+            started = time.monotonic()
+            await addon.request(flow)
+            assert time.monotonic() - started < 1
+            assert flow.error is not None and flow.error.msg == flow.error.KILLED_MESSAGE
+            [record] = gateway.last_records
+            assert (record.status, record.error_type) == (499, "client_disconnected")
+            addon.error(flow)  # mitmproxy reports the killed flow: finished already
+            assert len(gateway.last_records) == 1
+            await asyncio.wait_for(hung_up.wait(), 5)  # the upstream request was dropped
+        finally:
+            await gateway.close()
 
 
 async def test_a_request_before_the_engine_exists_is_answered_not_forwarded() -> None:
