@@ -50,7 +50,10 @@ class UsageSink(Protocol):
 class UsageWriter:
     """Collects records and writes them in batches from one background task."""
 
-    def __init__(self, sink: UsageSink, *, interval: float = 0.2, batch_size: int = 500) -> None:
+    # Every 50 ms: the gateway usually runs on one CPU, and a batch written every 200 ms
+    # (some 300 records at full load) showed as a 2.5 ms p99 on requests; smaller batches
+    # more often keep each pause short.
+    def __init__(self, sink: UsageSink, *, interval: float = 0.05, batch_size: int = 500) -> None:
         self._sink = sink
         self._interval = interval
         self._batch_size = batch_size
