@@ -12,7 +12,8 @@ import asyncio
 import email.utils
 import random
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -99,31 +100,32 @@ class UpstreamResponse:
         self.status = response.status
         self.headers: list[tuple[str, str]] = list(response.headers.items())
 
-    async def read(self) -> bytes:
+    @contextmanager
+    def _body_failures(self, broken_code: str) -> Iterator[None]:
+        """Failures while the body arrives, as the gateway names them (504 or 502)."""
         try:
-            return await self._response.read()
+            yield
         except TimeoutError:
             raise _timed_out(self._upstream.name) from None
         except aiohttp.ClientError:
             raise UpstreamFailure(
-                502, "upstream_broken_response",
+                502, broken_code,
                 f"The upstream provider '{self._upstream.name}' broke off its answer.",
             ) from None
+
+    async def read(self) -> bytes:
+        try:
+            with self._body_failures("upstream_broken_response"):
+                return await self._response.read()
         finally:
             self._response.release()
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives, chunk by chunk; never waits for more than one read."""
         try:
-            async for chunk in self._response.content.iter_any():
-                yield chunk
-        except TimeoutError:
-            raise _timed_out(self._upstream.name) from None
-        except aiohttp.ClientError:
-            raise UpstreamFailure(
-                502, "upstream_stream_interrupted",
-                f"The upstream provider '{self._upstream.name}' broke off its stream.",
-            ) from None
+            with self._body_failures("upstream_stream_interrupted"):
+                async for chunk in self._response.content.iter_any():
+                    yield chunk
         finally:
             # A body read to its end returns the connection to the pool; one abandoned
             # halfway (client gone, broken stream) must not be reused.

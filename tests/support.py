@@ -112,11 +112,16 @@ def gateway_process(
         wait_until_up(base + ready_path, process)
         yield base
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_process(process)
+
+
+def stop_process(process: subprocess.Popen) -> None:  # type: ignore[type-arg]
+    """SIGTERM (a clean shutdown flushes usage records and spans), then SIGKILL after 10 s."""
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
 
 
 def wait_until_up(url: str, process: subprocess.Popen[str] | None = None,

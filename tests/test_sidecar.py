@@ -43,7 +43,7 @@ from llm_gateway.sidecar import Sidecar
 from llm_gateway.stores import Store, open_store
 from llm_gateway.stores.sqlite import SqliteStore
 from tests.conftest import make_settings
-from tests.support import BIN, REPO, create_key, free_port
+from tests.support import BIN, REPO, create_key, free_port, stop_process
 
 VENICE = "https://api.venice.ai/api/v1"
 MESSAGES = [{"role": "user", "content": "Tell me a story"}]
@@ -97,11 +97,7 @@ def running_process(command: list[str], env: dict[str, str], log_file: Path,
             wait_for(ready_url, process, log_file)
             yield process
         finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            stop_process(process)
 
 
 @contextlib.contextmanager
@@ -572,11 +568,7 @@ def _mitmdump(command: list[str], env: dict[str, str], log_file: Path,
                 time.sleep(0.05)
             yield
         finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            stop_process(process)
 
 
 # ---- 7. one engine, two adapters ---------------------------------------------------------
