@@ -335,3 +335,34 @@ def gateway_processes(env: dict[str, str], count: int) -> Iterator[list[GatewayP
                 gateway.process.wait(10)
             except subprocess.TimeoutExpired:
                 gateway.process.kill()
+
+
+def assert_stream_not_buffered(client: object, fake: object) -> None:
+    """With 300 ms between upstream chunks, the SDK client holds the first content chunk
+    before the fake upstream (in this process: one monotonic clock) sent the second."""
+    stream = client.chat.completions.create(  # type: ignore[attr-defined]
+        model="llama-3.3-70b", messages=[{"role": "user", "content": "Tell me a story"}],
+        stream=True, extra_headers={"x-fake-chunks": "3", "x-fake-chunk-delay-ms": "300"},
+    )
+    first_content_at = None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            first_content_at = time.monotonic()
+            break
+    assert first_content_at is not None
+    list(stream)
+    [seen] = fake.requests  # type: ignore[attr-defined]
+    assert len(seen.chunk_sent_at) == 3
+    assert seen.chunk_sent_at[0] <= first_content_at < seen.chunk_sent_at[1]
+
+
+def send_keys_as_prompts(gw: object, keys: list[str]) -> None:
+    """One chat completion per key, the key itself as the prompt: what an at-rest scan
+    must then not find anywhere."""
+    for key in keys:
+        response = httpx.post(
+            gw.url + "/v1/chat/completions",  # type: ignore[attr-defined]
+            headers={"authorization": f"Bearer {key}"},
+            json={"model": "llama-3.3-70b", "messages": [{"role": "user", "content": key}]},
+        )
+        assert response.status_code == 200

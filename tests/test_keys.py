@@ -26,7 +26,7 @@ from llm_gateway.keys import (
 )
 from llm_gateway.migrations import MIGRATIONS
 from llm_gateway.stores.sqlite import SqliteStore
-from tests.support import BIN
+from tests.support import BIN, send_keys_as_prompts
 
 
 def test_key_format_and_checksum() -> None:
@@ -146,12 +146,7 @@ def test_sqlite_file_never_holds_a_key_in_plain_text(  # type: ignore[no-untyped
     # SQLite whatever the suite runs on: this scans the file (Postgres: test_postgres_store).
     gw = start_gateway(database_url=f"sqlite:///{tmp_path / 'scanned.db'}")
     keys = [gw.key(name=f"k{i}") for i in range(3)]
-    for key in keys:
-        response = httpx.post(
-            gw.url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
-            json={"model": "llama-3.3-70b", "messages": [{"role": "user", "content": key}]},
-        )
-        assert response.status_code == 200
+    send_keys_as_prompts(gw, keys)
     gw.records()
     database = Path(gw.database_url.removeprefix("sqlite:///"))
     files = [p for p in database.parent.iterdir() if p.name.startswith(database.name)]

@@ -21,7 +21,7 @@ from llm_gateway.metering import UsageRecord
 from llm_gateway.migrations import MIGRATIONS
 from llm_gateway.stores import StoreUnavailable, open_store
 from llm_gateway.stores.postgres import PostgresStore
-from tests.support import BIN, free_port
+from tests.support import BIN, free_port, send_keys_as_prompts
 
 
 def with_store[T](url: str, work: Callable[[PostgresStore], Awaitable[T]]) -> T:
@@ -192,12 +192,7 @@ def test_cli_manages_keys_in_postgres(postgres_url: str) -> None:
 def test_postgres_never_holds_a_key_in_plain_text(start_gateway, postgres_url, fake) -> None:  # type: ignore[no-untyped-def]
     gw = start_gateway(database_url=postgres_url)
     keys = [gw.key(name=f"k{i}") for i in range(3)]
-    for key in keys:
-        response = httpx.post(
-            gw.url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
-            json={"model": "llama-3.3-70b", "messages": [{"role": "user", "content": key}]},
-        )
-        assert response.status_code == 200
+    send_keys_as_prompts(gw, keys)
     assert len(gw.records()) == 3
     # Every row of every table of the gateway, as text (bytea as hex), like a dump.
     with psycopg.connect(postgres_url) as conn:

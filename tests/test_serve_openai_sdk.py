@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from llm_gateway.fake_upstream import FakeUpstream
-from tests.support import create_key, gateway_process
+from tests.support import assert_stream_not_buffered, create_key, gateway_process
 
 MESSAGES = [{"role": "user", "content": "Tell me a story"}]
 
@@ -109,21 +109,7 @@ def test_stream_is_not_buffered(served, fake: FakeUpstream) -> None:
     before the upstream has sent the second one."""
     url, key = served
     client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
-    stream = client.chat.completions.create(
-        model="llama-3.3-70b", messages=MESSAGES, stream=True,  # type: ignore[arg-type]
-        extra_headers={"x-fake-chunks": "3", "x-fake-chunk-delay-ms": "300"},
-    )
-    first_content_at = None
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            first_content_at = time.monotonic()
-            break
-    assert first_content_at is not None
-    list(stream)
-    [seen] = fake.requests
-    assert len(seen.chunk_sent_at) == 3
-    # The fake upstream runs in this process: one monotonic clock for both sides.
-    assert seen.chunk_sent_at[0] <= first_content_at < seen.chunk_sent_at[1]
+    assert_stream_not_buffered(client, fake)
 
 
 def test_serve_without_provider_key_refuses_to_start(tmp_path: Path) -> None:
@@ -142,7 +128,6 @@ def test_serve_without_provider_key_refuses_to_start(tmp_path: Path) -> None:
 
 def test_keys_never_reach_the_logs(fake_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A serve process's whole output, through successes and failures, holds no key."""
-    import time
 
     import httpx
 

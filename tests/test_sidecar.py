@@ -43,7 +43,14 @@ from llm_gateway.sidecar import Sidecar
 from llm_gateway.stores import Store, open_store
 from llm_gateway.stores.sqlite import SqliteStore
 from tests.conftest import make_settings
-from tests.support import BIN, REPO, create_key, free_port, stop_process
+from tests.support import (
+    BIN,
+    REPO,
+    assert_stream_not_buffered,
+    create_key,
+    free_port,
+    stop_process,
+)
 
 VENICE = "https://api.venice.ai/api/v1"
 MESSAGES = [{"role": "user", "content": "Tell me a story"}]
@@ -293,21 +300,7 @@ def test_stream_is_not_buffered(proxy: SidecarProcess, fake: FakeUpstream) -> No
     before the upstream has sent the second one."""
     client = openai.OpenAI(base_url=VENICE, api_key=proxy.key(), max_retries=0,
                            http_client=proxy.client())
-    stream = client.chat.completions.create(
-        model="llama-3.3-70b", messages=MESSAGES, stream=True,  # type: ignore[arg-type]
-        extra_headers={"x-fake-chunks": "3", "x-fake-chunk-delay-ms": "300"},
-    )
-    first_content_at = None
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].delta.content:
-            first_content_at = time.monotonic()
-            break
-    assert first_content_at is not None
-    list(stream)
-    [seen] = fake.requests
-    assert len(seen.chunk_sent_at) == 3
-    # The fake upstream runs in this process: one monotonic clock for both sides.
-    assert seen.chunk_sent_at[0] <= first_content_at < seen.chunk_sent_at[1]
+    assert_stream_not_buffered(client, fake)
 
 
 # ---- 3. rejections are the sidecar's own and never reach the upstream -------------------
