@@ -148,6 +148,27 @@ class AdminServer:
         return 404, error_body(f"No route for {path}.", "invalid_request_error", "not_found")
 
 
+class StartupErrorCheck(errorcheck.ErrorCheck):
+    """mitmproxy's start-up check (an error it logs while starting, a failed bind say, exits
+    the process), narrowed to mitmproxy's own records, and telling when start-up is over.
+
+    The stock check listens on the root logger until the ``running`` hooks are done, and the
+    proxy port is open by then: an error the gateway logs for an early request (a key store
+    that raised, answered 500) would otherwise exit the whole sidecar.
+    """
+
+    name = "errorcheck"  # the name the master looks the check up by
+
+    def __init__(self) -> None:
+        super().__init__(repeat_errors_on_stderr=True)
+        self.logger.addFilter(lambda record: record.name.startswith("mitmproxy"))
+        self.over = asyncio.Event()
+
+    def finish(self) -> None:
+        super().finish()
+        self.over.set()
+
+
 class Sidecar:
     """A mitmproxy master with the addons a sidecar needs (and no others), the gateway
     addon, and the admin server, all on one event loop."""
@@ -185,6 +206,7 @@ class Sidecar:
         master = Master(mitm_options.Options(), event_loop=asyncio.get_running_loop())
         self._master = master
         proxy_server = proxyserver.Proxyserver()
+        startup_check = StartupErrorCheck()
         master.addons.add(
             core.Core(),
             block.Block(),  # refuses clients from public addresses: never an open proxy
@@ -192,7 +214,7 @@ class Sidecar:
             proxy_server,
             next_layer.NextLayer(),
             tlsconfig.TlsConfig(),
-            errorcheck.ErrorCheck(repeat_errors_on_stderr=True),  # a failed bind exits
+            startup_check,
             self.addon,
         )
         master.options.update(
@@ -208,8 +230,11 @@ class Sidecar:
         if self.admin is not None:
             self.admin_address = await self._admin_server.start(*self.admin)
         try:
+            # Before the port opens, so that no request meets an engine still starting (the
+            # addon's own ``running`` hook, for mitmdump, then finds it started).
+            await self.gateway.start()
             runner = asyncio.get_running_loop().create_task(master.run())
-            await self._wait_until_listening(proxy_server, runner)
+            await self._wait_until_started(proxy_server, startup_check, runner)
             self.started.set()
             log.info("llm-gateway sidecar (%s mode): proxy %s, admin %s",
                      self.mode, self.proxy_address, self.admin_address)
@@ -220,10 +245,11 @@ class Sidecar:
             # Python versions the stream callback then logs each cancellation as an error.
             asyncio.get_running_loop().set_exception_handler(_ignore_cancellations)
 
-    async def _wait_until_listening(
-        self, proxy_server: proxyserver.Proxyserver, runner: asyncio.Task[None]
+    async def _wait_until_started(
+        self, proxy_server: proxyserver.Proxyserver, startup_check: StartupErrorCheck,
+        runner: asyncio.Task[None],
     ) -> None:
-        while not proxy_server.is_running:
+        while not (proxy_server.is_running and startup_check.over.is_set()):
             if runner.done():
                 runner.result()  # raises what stopped it
                 return

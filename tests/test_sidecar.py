@@ -13,6 +13,7 @@ import dataclasses
 import datetime
 import ipaddress
 import json
+import logging
 import os
 import socket
 import ssl
@@ -793,6 +794,43 @@ def test_fail_closed_after_the_key_was_checked(
         records = sidecar.records(2)
     assert fake.requests == [] and fake.connections == 0
     assert [(r.status, r.error_type) for r in records] == [(500, "gateway_error")] * 2
+
+
+class LogsAnErrorAsItStarts(Gateway):
+    """Logs an error while the sidecar starts, as a request the key store failed does."""
+
+    async def start(self) -> None:
+        await super().start()
+        logging.getLogger("llm_gateway.engine").error("a request failed while starting")
+
+
+def test_an_error_the_gateway_logs_while_starting_does_not_stop_the_sidecar(
+    tmp_path: Path, fake_url: str, fake: FakeUpstream, ca_dir: Path
+) -> None:
+    """mitmproxy's start-up check exits on any error logged before start-up is over: that
+    is for its own (a failed bind), never for one request the gateway answered 500."""
+    gateway = in_process_gateway(tmp_path, fake_url, gateway_class=LogsAnErrorAsItStarts)
+    key = create_key(gateway.settings.database_url)[1]
+    with sidecar_in_thread(gateway, ca_dir, tmp_path) as sidecar, sidecar.client() as client:
+        time.sleep(0.2)  # had the check seen the error, the proxy would be gone by now
+        assert chat(client, VENICE, key).status_code == 200
+        assert httpx.get(sidecar.admin + "/readyz").status_code == 200
+
+
+def test_a_proxy_port_in_use_stops_the_sidecar(tmp_path: Path, fake_url: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        finished = subprocess.run(
+            [str(BIN / "llm-gateway"), "sidecar", "--listen", f"127.0.0.1:{port}",
+             "--admin", f"127.0.0.1:{free_port()}", "--ca-dir", str(tmp_path / "ca")],
+            env={**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'gateway.db'}",
+                 "VENICE_API_KEY": SERVER_KEY, "VENICE_BASE_URL": fake_url},
+            capture_output=True, text=True, timeout=60,
+        )
+    assert finished.returncode == 1
+    assert f"failed to listen on 127.0.0.1:{port}" in finished.stderr
 
 
 def test_readiness_waits_for_the_ca_bundle(
