@@ -16,6 +16,7 @@ from llm_gateway.asgi_lifespan import answer_lifespan
 from llm_gateway.config import Settings, load_settings
 from llm_gateway.engine import Exchange, Gateway, IncomingRequest
 from llm_gateway.errors import Rejection, error_body
+from llm_gateway.stores import StoreUnavailable
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -93,7 +94,7 @@ class GatewayMiddleware:
                 await self._readyz(send)
                 return
         elif kind == "lifespan":
-            await self.app(scope, self._lifespan_receive(receive), send)
+            await self.app(scope, self._lifespan_receive(receive, send), send)
             return
         await self.app(scope, receive, send)
 
@@ -112,11 +113,19 @@ class GatewayMiddleware:
             ))["error"]
         await _send_json(send, 200 if readiness.ready else 503, json.dumps(payload).encode())
 
-    def _lifespan_receive(self, receive: Receive) -> Receive:
+    def _lifespan_receive(self, receive: Receive, send: Send) -> Receive:
         async def wrapped() -> Message:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                await self.gateway.start()
+                try:
+                    await self.gateway.start()
+                except StoreUnavailable as exc:
+                    # Told to the server, which logs the one line and exits: a store down
+                    # at start-up is an operator's matter, not a traceback.
+                    await self.gateway.close()
+                    await send({"type": "lifespan.startup.failed",
+                                "message": f"cannot start: the key store is unreachable ({exc})"})
+                    raise
             elif message["type"] == "lifespan.shutdown":
                 await self.gateway.close()
             return message

@@ -44,6 +44,7 @@ from llm_gateway.config import Settings
 from llm_gateway.engine import Gateway
 from llm_gateway.errors import error_body
 from llm_gateway.mitm_addon import LlmGateway
+from llm_gateway.stores import StoreUnavailable
 
 log = logging.getLogger("llm_gateway.sidecar")
 
@@ -203,6 +204,14 @@ class Sidecar:
 
     async def run(self) -> None:
         """Serve until ``shutdown()``. Exits (SystemExit) if the proxy cannot start."""
+        # The engine first: no request meets an engine still starting (the addon's own
+        # ``running`` hook, there for mitmdump, finds it started), and a store that is down
+        # stops the sidecar before mitmproxy has hooked itself into logging.
+        try:
+            await self.gateway.start()
+        except BaseException:
+            await self.gateway.close()
+            raise
         master = Master(mitm_options.Options(), event_loop=asyncio.get_running_loop())
         self._master = master
         proxy_server = proxyserver.Proxyserver()
@@ -230,9 +239,6 @@ class Sidecar:
         if self.admin is not None:
             self.admin_address = await self._admin_server.start(*self.admin)
         try:
-            # Before the port opens, so that no request meets an engine still starting (the
-            # addon's own ``running`` hook, for mitmdump, then finds it started).
-            await self.gateway.start()
             runner = asyncio.get_running_loop().create_task(master.run())
             await self._wait_until_started(proxy_server, startup_check, runner)
             self.started.set()
@@ -292,6 +298,10 @@ def sidecar_main(argv: list[str], settings: Settings) -> int:
             write_ca_bundle(ca, arguments.ca_bundle_out)
             log.info("CA bundle written to %s", arguments.ca_bundle_out)
         asyncio.run(_serve(arguments, settings, runtime_dir))
+    except StoreUnavailable as exc:
+        # Nothing to serve without keys: exit, and let the pod restart us.
+        log.error("cannot start: the key store is unreachable (%s)", exc)
+        return 1
     finally:
         shutil.rmtree(runtime_dir, ignore_errors=True)
     return 0

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
-from llm_gateway.fake_upstream import FakeUpstream
-from tests.support import assert_stream_not_buffered, create_key, gateway_process
+from llm_gateway.fake_upstream import FakeUpstream, Fault
+from tests.support import (
+    BIN,
+    assert_stream_not_buffered,
+    create_key,
+    free_port,
+    gateway_process,
+    gateway_processes,
+)
 
 MESSAGES = [{"role": "user", "content": "Tell me a story"}]
 
@@ -113,11 +123,6 @@ def test_stream_is_not_buffered(served, fake: FakeUpstream) -> None:
 
 
 def test_serve_without_provider_key_refuses_to_start(tmp_path: Path) -> None:
-    import os
-    import subprocess
-
-    from tests.support import BIN
-
     env = {k: v for k, v in os.environ.items() if k != "VENICE_API_KEY"}
     env["DATABASE_URL"] = f"sqlite:///{tmp_path / 'x.db'}"
     result = subprocess.run([str(BIN / "llm-gateway"), "serve"], env=env, capture_output=True,
@@ -126,13 +131,20 @@ def test_serve_without_provider_key_refuses_to_start(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines()[-1].startswith("llm-gateway: VENICE_API_KEY:")
 
 
+def test_serve_with_its_key_store_down_exits_with_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "VENICE_API_KEY": "sk-fake-upstream",
+           "DATABASE_URL": f"postgresql://postgres@127.0.0.1:{free_port()}/test",
+           "BIND_ADDR": f"127.0.0.1:{free_port()}"}
+    result = subprocess.run([str(BIN / "llm-gateway"), "serve"], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 3  # uvicorn's "application startup failed"
+    errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR")]
+    assert "cannot start: the key store is unreachable" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_keys_never_reach_the_logs(fake_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """A serve process's whole output, through successes and failures, holds no key."""
-
-    import httpx
-
-    from llm_gateway.fake_upstream import Fault
-    from tests.support import gateway_processes
 
     fake, fake_url = fake_server
     fake.reset()

@@ -817,20 +817,40 @@ def test_an_error_the_gateway_logs_while_starting_does_not_stop_the_sidecar(
         assert httpx.get(sidecar.admin + "/readyz").status_code == 200
 
 
+def sidecar_that_cannot_start(tmp_path: Path, fake_url: str, port: int,
+                              database_url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "llm-gateway"), "sidecar", "--listen", f"127.0.0.1:{port}",
+         "--admin", f"127.0.0.1:{free_port()}", "--ca-dir", str(tmp_path / "ca")],
+        env={**os.environ, "DATABASE_URL": database_url, "VENICE_API_KEY": SERVER_KEY,
+             "VENICE_BASE_URL": fake_url},
+        capture_output=True, text=True, timeout=60,
+    )
+
+
 def test_a_proxy_port_in_use_stops_the_sidecar(tmp_path: Path, fake_url: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        finished = subprocess.run(
-            [str(BIN / "llm-gateway"), "sidecar", "--listen", f"127.0.0.1:{port}",
-             "--admin", f"127.0.0.1:{free_port()}", "--ca-dir", str(tmp_path / "ca")],
-            env={**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'gateway.db'}",
-                 "VENICE_API_KEY": SERVER_KEY, "VENICE_BASE_URL": fake_url},
-            capture_output=True, text=True, timeout=60,
-        )
+        finished = sidecar_that_cannot_start(tmp_path, fake_url, port,
+                                             f"sqlite:///{tmp_path / 'gateway.db'}")
     assert finished.returncode == 1
     assert f"failed to listen on 127.0.0.1:{port}" in finished.stderr
+
+
+def test_a_key_store_down_at_start_stops_the_sidecar_with_one_line(
+    tmp_path: Path, fake_url: str
+) -> None:
+    port = free_port()
+    finished = sidecar_that_cannot_start(
+        tmp_path, fake_url, port, f"postgresql://postgres@127.0.0.1:{free_port()}/test")
+    assert finished.returncode == 1
+    [line] = [line for line in finished.stderr.splitlines() if " ERROR " in line]
+    assert "cannot start: the key store is unreachable" in line
+    assert "Traceback" not in finished.stderr
+    with pytest.raises(OSError):  # the proxy port never opened
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
 
 
 def test_readiness_waits_for_the_ca_bundle(
