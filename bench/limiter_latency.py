@@ -87,7 +87,7 @@ async def main() -> None:
         return limiter, limiter.close
 
     async def redis_backend() -> tuple[RateLimiter, Cleanup]:
-        from llm_gateway.limits_redis import RedisRateLimiter
+        from llm_gateway.limits.redis import RedisRateLimiter
 
         namespace = f"llmg-bench-{secrets.token_hex(4)}"
         limiter = RedisRateLimiter(args.redis_url, namespace=namespace)
@@ -104,7 +104,7 @@ async def main() -> None:
     async def postgres_backend() -> tuple[RateLimiter, Cleanup]:
         import psycopg
 
-        from llm_gateway.limits_postgres import PostgresRateLimiter
+        from llm_gateway.limits.postgres import PostgresRateLimiter
         from llm_gateway.stores.postgres import PostgresStore
 
         database = f"llmg_bench_{secrets.token_hex(4)}"

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import httpx
 
-from llm_gateway.fake_upstream import FakeUpstream, running_fake_upstream
 from llm_gateway.keys import new_key_record
 from llm_gateway.stores import open_store
+from llm_gateway.testing.fake_upstream import FakeUpstream, running_fake_upstream
 
 BIN = Path(sys.executable).parent
 CHAT = {"model": "llama-3.3-70b", "messages": [{"role": "user", "content": "Hello"}]}

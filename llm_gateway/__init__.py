@@ -1,1 +1,33 @@
-"""llm-gateway: one policy engine for OpenAI-compatible LLM traffic."""
+"""llm-gateway: one policy engine for OpenAI-compatible LLM traffic.
+
+The public API. Names are imported on first use, so that importing one part of the
+package (the injector, the fake upstream, the CLI's ``--help``) does not load the engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from llm_gateway.config import Settings, load_settings
+    from llm_gateway.engine import Gateway
+    from llm_gateway.messages import IncomingRequest
+    from llm_gateway.wiring import build_gateway
+
+__all__ = ["Gateway", "IncomingRequest", "Settings", "build_gateway", "load_settings"]
+
+_HOMES = {
+    "Gateway": "llm_gateway.engine",
+    "IncomingRequest": "llm_gateway.messages",
+    "Settings": "llm_gateway.config",
+    "load_settings": "llm_gateway.config",
+    "build_gateway": "llm_gateway.wiring",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'llm_gateway' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)

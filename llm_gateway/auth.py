@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from llm_gateway.config import FailurePolicy
-from llm_gateway.errors import Rejection, reject
+from llm_gateway.errors import Rejection, invalid_api_key, key_store_unavailable
 from llm_gateway.keys import KeyRecord, hash_matches, is_well_formed, key_prefix
 from llm_gateway.outage import Outage
 from llm_gateway.stores import Store, StoreUnavailable
@@ -28,17 +28,6 @@ from llm_gateway.stores import Store, StoreUnavailable
 KEY_CACHE_SECONDS = 2.0
 # last_used_at is bookkeeping, not policy: write it at most this often per key.
 TOUCH_INTERVAL_SECONDS = 60.0
-
-
-def _unauthorized(message: str) -> Rejection:
-    return reject(401, message, "authentication_error", "invalid_api_key")
-
-
-def _store_unavailable() -> Rejection:
-    return reject(
-        503, "The gateway's key store is not reachable, so the key cannot be checked. "
-        "Retry shortly.", "service_unavailable", "key_store_unavailable", [("retry-after", "1")],
-    )
 
 
 class Authenticator:
@@ -55,7 +44,7 @@ class Authenticator:
         self._cache_seconds = cache_seconds
         self._clock = clock
         self.failure_policy = failure_policy
-        self.outage = Outage("key_store", backend, substitute=(
+        self.outage = Outage("key_store", backend, policy=failure_policy, substitute=(
             "serving keys looked up before the outage, 503 for the rest"
             if failure_policy is FailurePolicy.FAIL_OPEN else "answering 503 until it is back"
         ))
@@ -68,25 +57,27 @@ class Authenticator:
 
     async def authenticate(self, authorization: str | None) -> KeyRecord | Rejection:
         if not authorization:
-            return _unauthorized(
+            return invalid_api_key(
                 "Missing gateway key: send it as 'Authorization: Bearer <gateway key>'."
             )
         scheme, _, token = authorization.partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
-            return _unauthorized("Malformed Authorization header: expected 'Bearer <gateway key>'.")
+            return invalid_api_key(
+                "Malformed Authorization header: expected 'Bearer <gateway key>'."
+            )
         if not is_well_formed(token):
-            return _unauthorized("Invalid gateway key.")
+            return invalid_api_key()
         now = self._clock()
         try:
             record = await self._lookup(key_prefix(token), now)
         except StoreUnavailable:
-            return _store_unavailable()
+            return key_store_unavailable()
         if record is None or not hash_matches(token, record.key_hash):
-            return _unauthorized("Invalid gateway key.")
+            return invalid_api_key()
         refusal = record.refusal(now)
         if refusal is not None:
-            return _unauthorized(f"Gateway key {record.prefix}… is {refusal}.")
+            return invalid_api_key(f"Gateway key {record.prefix}… is {refusal}.")
         if now - self._touched.get(record.id, 0.0) >= TOUCH_INTERVAL_SECONDS:
             self._touched[record.id] = now
             self.pending_touches[record.id] = now

@@ -12,8 +12,14 @@ import sys
 import time
 from collections.abc import Sequence
 
-from llm_gateway.config import ConfigError, Secret, Settings, load_settings
-from llm_gateway.keys import KeyRecord, new_key_record, parse_duration, parse_rate_limit
+from llm_gateway.config import ConfigError, Secret, Settings, host_port_argument, load_settings
+from llm_gateway.keys import (
+    DEFAULT_RATE_LIMIT,
+    KeyRecord,
+    new_key_record,
+    parse_duration,
+    parse_rate_limit,
+)
 from llm_gateway.stores import Store, open_store
 
 EXIT_CONFIG = 2
@@ -45,7 +51,7 @@ def _run_server(app: object, settings: Settings) -> None:
 # ---- serve / demo / migrate -----------------------------------------------------------
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from asgi_middleware import create_app
+    from llm_gateway.adapters.asgi import create_app
 
     settings = _settings(args)
     settings.require_provider_key()
@@ -57,8 +63,8 @@ DEMO_MODEL = "llama-3.3-70b"
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from asgi_middleware import create_app
-    from llm_gateway.fake_upstream import FakeUpstream, running_fake_upstream
+    from llm_gateway.adapters.asgi import create_app
+    from llm_gateway.testing.fake_upstream import FakeUpstream, running_fake_upstream
 
     settings = _settings(args)
     if "DATABASE_URL" not in os.environ:
@@ -120,22 +126,22 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_fake_upstream(args: argparse.Namespace) -> int:
-    from llm_gateway.fake_upstream import serve_fake_upstream
+    from llm_gateway.testing.fake_upstream import serve_fake_upstream
 
-    host, _, port = args.listen.rpartition(":")
-    serve_fake_upstream(host, int(port), api_key=args.api_key, chunk_delay=args.chunk_delay,
+    host, port = args.listen
+    serve_fake_upstream(host, port, api_key=args.api_key, chunk_delay=args.chunk_delay,
                         chunk_count=args.chunks, usage_mode=args.usage_mode)
     return 0
 
 
 def cmd_sidecar(args: argparse.Namespace, rest: Sequence[str]) -> int:
-    from llm_gateway.sidecar import sidecar_main
+    from llm_gateway.adapters.sidecar import sidecar_main
 
     return sidecar_main(list(rest), _settings(args))
 
 
 def cmd_injector(args: argparse.Namespace, rest: Sequence[str]) -> int:
-    from llm_gateway.injector import injector_main
+    from llm_gateway.k8s.main import injector_main
 
     return injector_main(list(rest))
 
@@ -153,7 +159,7 @@ async def _with_store(settings: Settings, work):  # type: ignore[no-untyped-def]
 
 async def _create_key(
     settings: Settings, *, name: str, subject_id: str | None = None,
-    rate_limit: tuple[int, int] = (60, 60), models: tuple[str, ...] = (),
+    rate_limit: tuple[int, int] = DEFAULT_RATE_LIMIT, models: tuple[str, ...] = (),
     expires_at: float | None = None,
 ) -> tuple[KeyRecord, str]:
     async def work(store: Store) -> tuple[KeyRecord, str]:
@@ -286,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
         handler=cmd_migrate)
 
     fake = commands.add_parser("fake-upstream", help="run the bundled fake OpenAI/Venice server")
-    fake.add_argument("--listen", default="127.0.0.1:3001")
+    fake.add_argument("--listen", type=host_port_argument, default="127.0.0.1:3001")
     fake.add_argument("--api-key", default="sk-fake-upstream")
     fake.add_argument("--chunk-delay", type=float, default=0.0, help="seconds between chunks")
     fake.add_argument("--chunks", type=int, default=8)
@@ -305,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     create = keys.add_parser("create", help="create a key and print it once")
     create.add_argument("--name", required=True)
     create.add_argument("--subject", help="who the key belongs to (default: its name)")
-    create.add_argument("--rate-limit", default="60/60", metavar="N/SECONDS")
+    create.add_argument("--rate-limit", default="{}/{}".format(*DEFAULT_RATE_LIMIT),
+                        metavar="N/SECONDS")
     create.add_argument("--models", help="comma-separated allowed models (default: all)")
     create.add_argument("--expires-in", metavar="DURATION", help="e.g. 30d, 12h")
     create.add_argument("--json", action="store_true")

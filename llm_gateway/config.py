@@ -1,19 +1,21 @@
-"""Settings: environment first, an optional YAML file for the rest.
+"""Settings: environment first, an optional YAML file for the rest; one row per variable.
 
 The same binary runs on a laptop, in Compose and in Kubernetes, so every setting has a
 variable; the YAML file (``--config FILE`` or ``LLM_GATEWAY_CONFIG``) carries the same
 names in lower case and loses to the environment. A bad value stops start-up with one
-line that names the variable.
+line that names the variable. Adding a setting is adding a row to ``VARIABLES`` (and a
+field to ``Settings``); the parsers below are the only place a kind of value is read.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 import yaml
@@ -46,9 +48,39 @@ class Secret:
     def __bool__(self) -> bool:
         return bool(self._value)
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
 
-DEFAULT_ENDPOINTS = ("POST /chat/completions", "POST /embeddings", "GET /models")
-DEFAULT_VENICE_BASE_URL = "https://api.venice.ai/api/v1"
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+class HostPort(NamedTuple):
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_host_port(text: str) -> HostPort:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6), the one rule every listener uses."""
+    host, sep, port = str(text).strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return HostPort(host.strip("[]"), int(port))
+
+
+def host_port_argument(text: str) -> HostPort:
+    """``parse_host_port`` as an argparse ``type=``: its message, not argparse's."""
+    try:
+        return parse_host_port(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def is_postgres_url(url: str) -> bool:
+    return url.startswith(("postgresql:", "postgres:"))
 
 
 def host_and_api_root(base_url: str) -> tuple[str, str]:
@@ -56,11 +88,6 @@ def host_and_api_root(base_url: str) -> tuple[str, str]:
     parts = urlsplit(base_url)
     host = (parts.hostname or "").lower()
     return (f"{host}:{parts.port}" if parts.port else host), parts.path.rstrip("/")
-
-
-# The provider hosts the sidecar intercepts, each with its API root path. Venice's comes
-# from the default base URL; the host VENICE_BASE_URL names is always added to these.
-DEFAULT_LLM_HOSTS: tuple[tuple[str, str], ...] = (host_and_api_root(DEFAULT_VENICE_BASE_URL),)
 
 
 class EgressPolicy(StrEnum):
@@ -77,10 +104,19 @@ class FailurePolicy(StrEnum):
     FAIL_CLOSED = "fail-closed"  # refuse with 503 until the backend is back
 
 
+DEFAULT_ENDPOINTS = ("POST /chat/completions", "POST /embeddings", "GET /models")
+DEFAULT_VENICE_BASE_URL = "https://api.venice.ai/api/v1"
+# The provider hosts the sidecar intercepts, each with its API root path. Venice's comes
+# from the default base URL; the host VENICE_BASE_URL names is always added to these.
+DEFAULT_LLM_HOSTS: tuple[tuple[str, str], ...] = (host_and_api_root(DEFAULT_VENICE_BASE_URL),)
+
+
+DEFAULT_BIND = HostPort("127.0.0.1", 3000)
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
-    bind_host: str = "127.0.0.1"
-    bind_port: int = 3000
+    bind: HostPort = DEFAULT_BIND
     database_url: str = "sqlite:///./llm-gateway.db"
     redis_url: str | None = None
     venice_api_key: Secret | None = None
@@ -97,15 +133,24 @@ class Settings:
     # Limits fail open by default: an outage of Redis should not take the API down;
     # each replica then counts on its own.
     rate_limit_failure_policy: FailurePolicy = FailurePolicy.FAIL_OPEN
+    egress_policy: EgressPolicy = EgressPolicy.ALLOW
     # YAML-only: the provider endpoints the server-held key may be used for, as
     # "METHOD /path" relative to the API root. Nothing else on a provider is reachable.
     allowed_endpoints: tuple[str, ...] = DEFAULT_ENDPOINTS
-    # Where the gateway's own routes live in the ASGI adapter (and the sidecar's reverse mode).
+    # YAML-only: where the gateway's own routes live in the ASGI adapter (and the
+    # sidecar's reverse mode).
     api_prefix: str = "/v1"
     # YAML-only: the LLM hosts the sidecar intercepts ("host" or "host:port") with their
     # API root path; every other host is the egress policy's.
     llm_hosts: tuple[tuple[str, str], ...] = DEFAULT_LLM_HOSTS
-    egress_policy: EgressPolicy = EgressPolicy.ALLOW
+
+    @property
+    def bind_host(self) -> str:
+        return self.bind.host
+
+    @property
+    def bind_port(self) -> int:
+        return self.bind.port
 
     def require_provider_key(self) -> Secret:
         if not self.venice_api_key:
@@ -125,56 +170,143 @@ class Settings:
         return roots
 
 
-def _parse_bind(variable: str, raw: str) -> tuple[str, int]:
-    host, sep, port = raw.rpartition(":")
-    if not sep or not host:
-        raise ConfigError(variable, f"expected HOST:PORT, got {raw!r}")
-    return host.strip("[]"), _parse_int(variable, port, minimum=0, maximum=65535)
+# ---- parsers: raw text (or a YAML value) in, a value out, ValueError with the problem ----
+
+Parser = Callable[[Any], Any]
 
 
-def _parse_int(variable: str, raw: str, *, minimum: int, maximum: int | None = None) -> int:
-    try:
-        value = int(str(raw).strip())
-    except ValueError:
-        raise ConfigError(variable, f"expected an integer, got {raw!r}") from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
-        raise ConfigError(variable, f"must be {bound}, got {value}")
-    return value
+def _url(*schemes: str) -> Parser:
+    def parse(raw: Any) -> str:
+        text = str(raw)
+        parts = urlsplit(text)
+        if parts.scheme not in schemes or (parts.scheme != "sqlite" and not parts.netloc):
+            raise ValueError(f"expected a {' or '.join(schemes)} URL, got {text!r}")
+        return text.rstrip("/") if parts.scheme in ("http", "https") else text
+
+    return parse
 
 
-def _parse_positive_float(variable: str, raw: str) -> float:
+def _integer(minimum: int, maximum: int | None = None) -> Parser:
+    def parse(raw: Any) -> int:
+        try:
+            value = int(str(raw).strip())
+        except ValueError:
+            raise ValueError(f"expected an integer, got {raw!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+            raise ValueError(f"must be {bound}, got {value}")
+        return value
+
+    return parse
+
+
+def _seconds(raw: Any) -> float:
     try:
         value = float(str(raw).strip())
     except ValueError:
-        raise ConfigError(variable, f"expected a number of seconds, got {raw!r}") from None
+        raise ValueError(f"expected a number of seconds, got {raw!r}") from None
     if not value > 0:
-        raise ConfigError(variable, f"must be > 0, got {raw!r}")
+        raise ValueError(f"must be > 0, got {raw!r}")
     return value
 
 
-def _parse_bool(variable: str, raw: str) -> bool:
+def _boolean(raw: Any) -> bool:
     text = str(raw).strip().lower()
     if text in {"1", "true", "yes", "on"}:
         return True
     if text in {"0", "false", "no", "off", ""}:
         return False
-    raise ConfigError(variable, f"expected true or false, got {raw!r}")
+    raise ValueError(f"expected true or false, got {raw!r}")
 
 
-def _parse_url(variable: str, raw: str, schemes: tuple[str, ...]) -> str:
-    parts = urlsplit(raw)
-    if parts.scheme not in schemes or (parts.scheme not in ("sqlite",) and not parts.netloc):
-        raise ConfigError(variable, f"expected a {' or '.join(schemes)} URL, got {raw!r}")
-    return raw.rstrip("/") if parts.scheme in ("http", "https") else raw
+def _choice(enum: type[StrEnum]) -> Parser:
+    def parse(raw: Any) -> StrEnum:
+        try:
+            return enum(str(raw).strip().lower())
+        except ValueError:
+            choices = " or ".join(member.value for member in enum)
+            raise ValueError(f"expected {choices}, got {raw!r}") from None
+
+    return parse
 
 
-def _parse_policy(variable: str, raw: str) -> FailurePolicy:
-    try:
-        return FailurePolicy(str(raw).strip().lower())
-    except ValueError:
-        choices = " or ".join(p.value for p in FailurePolicy)
-        raise ConfigError(variable, f"expected {choices}, got {raw!r}") from None
+def _secret(raw: Any) -> Secret:
+    text = str(raw)
+    if any(ch.isspace() for ch in text):
+        raise ValueError("contains white space")
+    return Secret(text)
+
+
+def _text(raw: Any) -> str:
+    return str(raw)
+
+
+def _api_prefix(raw: Any) -> str:
+    prefix = str(raw)
+    if not prefix.startswith("/"):
+        raise ValueError(f"must start with '/', got {prefix!r}")
+    return prefix.rstrip("/")
+
+
+def _llm_hosts(raw: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError("must be a non-empty mapping of host to API root path")
+    hosts = []
+    for host, root in raw.items():
+        name, path = str(host).strip().lower(), str(root).strip()
+        if not name or "/" in name or not path.startswith("/"):
+            raise ValueError(f"expected 'host[:port]: /api/root', got {host!r}")
+        hosts.append((name, path.rstrip("/")))
+    return tuple(hosts)
+
+
+def _endpoints(raw: Any) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise ValueError("must be a non-empty list of 'METHOD /path'")
+    endpoints = []
+    for item in raw:
+        method, _, path = str(item).partition(" ")
+        if method.upper() not in {"GET", "POST"} or not path.startswith("/"):
+            raise ValueError(f"expected 'METHOD /path', got {item!r}")
+        endpoints.append(f"{method.upper()} {path.rstrip('/')}")
+    return tuple(endpoints)
+
+
+@dataclass(frozen=True, slots=True)
+class Variable:
+    """One setting: its variable (the YAML key is the same name in lower case), the
+    Settings field it fills, and its parser. ``blank_is_unset``: an empty value leaves the
+    default (for settings whose default is "none")."""
+
+    name: str
+    field: str
+    parse: Parser
+    blank_is_unset: bool = False
+    file_only: bool = False  # a structure, not a string: YAML only
+
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable("BIND_ADDR", "bind", parse_host_port),
+    Variable("DATABASE_URL", "database_url", _url("sqlite", "postgresql", "postgres")),
+    Variable("REDIS_URL", "redis_url", _url("redis", "rediss", "unix"), blank_is_unset=True),
+    Variable("VENICE_API_KEY", "venice_api_key", _secret, blank_is_unset=True),
+    Variable("VENICE_BASE_URL", "venice_base_url", _url("http", "https"), blank_is_unset=True),
+    Variable("OTEL_SERVICE_NAME", "otel_service_name", _text, blank_is_unset=True),
+    Variable("OTEL_EXPORTER_OTLP_ENDPOINT", "otel_exporter_otlp_endpoint",
+             _url("http", "https"), blank_is_unset=True),
+    Variable("REQUEST_TIMEOUT_SECONDS", "request_timeout_seconds", _seconds),
+    Variable("REQUEST_BODY_LIMIT_BYTES", "request_body_limit_bytes", _integer(1)),
+    Variable("VENICE_MAX_RETRIES", "venice_max_retries", _integer(0, 10)),
+    Variable("CAPTURE_GENAI_CONTENT", "capture_genai_content", _boolean),
+    Variable("AUTH_FAILURE_POLICY", "auth_failure_policy", _choice(FailurePolicy)),
+    Variable("RATE_LIMIT_FAILURE_POLICY", "rate_limit_failure_policy", _choice(FailurePolicy)),
+    Variable("EGRESS_POLICY", "egress_policy", _choice(EgressPolicy)),
+    Variable("ALLOWED_ENDPOINTS", "allowed_endpoints", _endpoints, file_only=True),
+    Variable("API_PREFIX", "api_prefix", _api_prefix, file_only=True),
+    Variable("LLM_HOSTS", "llm_hosts", _llm_hosts, file_only=True),
+)
+_SETTINGS_FIELDS = {f.name for f in fields(Settings)}
+assert all(v.field in _SETTINGS_FIELDS for v in VARIABLES), "a row names no Settings field"
 
 
 def _load_yaml(path: str) -> dict[str, Any]:
@@ -196,102 +328,25 @@ def load_settings(
     env = os.environ if environ is None else environ
     config_file = config_file or env.get("LLM_GATEWAY_CONFIG") or None
     file_values = _load_yaml(config_file) if config_file else {}
-
-    def raw(variable: str) -> str | None:
-        if variable in env:
-            return env[variable]
-        value = file_values.get(variable.lower())
-        return None if value is None else str(value)
-
-    values: dict[str, Any] = {}
-    if (bind := raw("BIND_ADDR")) is not None:
-        values["bind_host"], values["bind_port"] = _parse_bind("BIND_ADDR", bind)
-    if (url := raw("DATABASE_URL")) is not None:
-        values["database_url"] = _parse_url(
-            "DATABASE_URL", url, ("sqlite", "postgresql", "postgres")
-        )
-    if redis_url := raw("REDIS_URL"):
-        values["redis_url"] = _parse_url("REDIS_URL", redis_url, ("redis", "rediss", "unix"))
-    if key := raw("VENICE_API_KEY"):
-        if key.strip() != key or any(ch.isspace() for ch in key):
-            raise ConfigError("VENICE_API_KEY", "contains white space")
-        values["venice_api_key"] = Secret(key)
-    if base := raw("VENICE_BASE_URL"):
-        values["venice_base_url"] = _parse_url("VENICE_BASE_URL", base, ("http", "https"))
-    if name := raw("OTEL_SERVICE_NAME"):
-        values["otel_service_name"] = name
-    if endpoint := raw("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        values["otel_exporter_otlp_endpoint"] = _parse_url(
-            "OTEL_EXPORTER_OTLP_ENDPOINT", endpoint, ("http", "https")
-        )
-    if (timeout := raw("REQUEST_TIMEOUT_SECONDS")) is not None:
-        values["request_timeout_seconds"] = _parse_positive_float(
-            "REQUEST_TIMEOUT_SECONDS", timeout
-        )
-    if (limit := raw("REQUEST_BODY_LIMIT_BYTES")) is not None:
-        values["request_body_limit_bytes"] = _parse_int(
-            "REQUEST_BODY_LIMIT_BYTES", limit, minimum=1
-        )
-    if (retries := raw("VENICE_MAX_RETRIES")) is not None:
-        values["venice_max_retries"] = _parse_int(
-            "VENICE_MAX_RETRIES", retries, minimum=0, maximum=10
-        )
-    if (capture := raw("CAPTURE_GENAI_CONTENT")) is not None:
-        values["capture_genai_content"] = _parse_bool("CAPTURE_GENAI_CONTENT", capture)
-    for variable in ("AUTH_FAILURE_POLICY", "RATE_LIMIT_FAILURE_POLICY"):
-        if (policy := raw(variable)) is not None:
-            values[variable.lower()] = _parse_policy(variable, policy)
-
-    if (egress := raw("EGRESS_POLICY")) is not None:
-        try:
-            values["egress_policy"] = EgressPolicy(str(egress).strip().lower())
-        except ValueError:
-            raise ConfigError("EGRESS_POLICY", f"expected allow or deny, got {egress!r}") from None
-    if "llm_hosts" in file_values:
-        values["llm_hosts"] = _parse_llm_hosts(file_values["llm_hosts"])
-    if "allowed_endpoints" in file_values:
-        values["allowed_endpoints"] = _parse_endpoints(file_values["allowed_endpoints"])
-    if "api_prefix" in file_values:
-        prefix = str(file_values["api_prefix"])
-        if not prefix.startswith("/"):
-            raise ConfigError("api_prefix", f"must start with '/', got {prefix!r}")
-        values["api_prefix"] = prefix.rstrip("/")
     # A misspelt setting would otherwise be ignored without a word.
-    known = {name.lower() for name in _VARIABLES} | _FILE_ONLY
-    if unknown := sorted(str(k) for k in file_values if k not in known):
+    known = {variable.name.lower() for variable in VARIABLES}
+    if unknown := sorted(str(key) for key in file_values if key not in known):
         raise ConfigError("LLM_GATEWAY_CONFIG", f"{config_file}: unknown setting {unknown[0]!r}")
+    values: dict[str, Any] = {}
+    for variable in VARIABLES:
+        key = variable.name.lower()
+        if not variable.file_only and variable.name in env:
+            raw: Any = env[variable.name]
+        elif file_values.get(key) is not None:
+            raw = file_values[key]
+        else:
+            continue
+        # A section is named by its YAML key; a value by its variable.
+        name = key if variable.file_only else variable.name
+        if variable.blank_is_unset and str(raw) == "":
+            continue
+        try:
+            values[variable.field] = variable.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(name, str(exc)) from None
     return Settings(**values)
-
-
-def _parse_llm_hosts(raw: object) -> tuple[tuple[str, str], ...]:
-    if not isinstance(raw, dict) or not raw:
-        raise ConfigError("llm_hosts", "must be a non-empty mapping of host to API root path")
-    hosts = []
-    for host, root in raw.items():
-        name = str(host).strip().lower()
-        path = str(root).strip()
-        if not name or "/" in name or not path.startswith("/"):
-            raise ConfigError("llm_hosts", f"expected 'host[:port]: /api/root', got {host!r}")
-        hosts.append((name, path.rstrip("/")))
-    return tuple(hosts)
-
-
-def _parse_endpoints(raw: object) -> tuple[str, ...]:
-    if not isinstance(raw, list) or not raw:
-        raise ConfigError("allowed_endpoints", "must be a non-empty list of 'METHOD /path'")
-    endpoints = []
-    for item in raw:
-        method, _, path = str(item).partition(" ")
-        if method.upper() not in {"GET", "POST"} or not path.startswith("/"):
-            raise ConfigError("allowed_endpoints", f"expected 'METHOD /path', got {item!r}")
-        endpoints.append(f"{method.upper()} {path.rstrip('/')}")
-    return tuple(endpoints)
-
-
-_FILE_ONLY = frozenset({"allowed_endpoints", "api_prefix", "llm_hosts"})
-_VARIABLES = (
-    "BIND_ADDR", "DATABASE_URL", "REDIS_URL", "VENICE_API_KEY", "VENICE_BASE_URL",
-    "OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_ENDPOINT", "REQUEST_TIMEOUT_SECONDS",
-    "REQUEST_BODY_LIMIT_BYTES", "VENICE_MAX_RETRIES", "CAPTURE_GENAI_CONTENT",
-    "AUTH_FAILURE_POLICY", "RATE_LIMIT_FAILURE_POLICY", "EGRESS_POLICY",
-)

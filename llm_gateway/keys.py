@@ -21,6 +21,8 @@ PREFIX_LENGTH = 12
 _RANDOM_LENGTH = 32
 _CHECKSUM_LENGTH = 6
 _BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+# A key created without a limit of its own: 60 requests per 60 seconds.
+DEFAULT_RATE_LIMIT = (60, 60)
 _KEY_PATTERN = re.compile(rf"^{KEY_PREFIX}[0-9A-Za-z]{{{_RANDOM_LENGTH + _CHECKSUM_LENGTH}}}$")
 
 
@@ -74,8 +76,8 @@ class KeyRecord:
     revoked_at: float | None = None
     expires_at: float | None = None
     last_used_at: float | None = None
-    rate_limit_requests: int = 60
-    rate_limit_window_seconds: int = 60
+    rate_limit_requests: int = DEFAULT_RATE_LIMIT[0]
+    rate_limit_window_seconds: int = DEFAULT_RATE_LIMIT[1]
     allowed_models: tuple[str, ...] = field(default_factory=tuple)
 
     def refusal(self, now: float) -> str | None:
@@ -97,8 +99,8 @@ def new_key_record(
     name: str,
     subject_id: str | None,
     now: float,
-    rate_limit_requests: int = 60,
-    rate_limit_window_seconds: int = 60,
+    rate_limit_requests: int = DEFAULT_RATE_LIMIT[0],
+    rate_limit_window_seconds: int = DEFAULT_RATE_LIMIT[1],
     allowed_models: tuple[str, ...] = (),
     expires_at: float | None = None,
 ) -> tuple[KeyRecord, str]:

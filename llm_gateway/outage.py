@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from llm_gateway.config import FailurePolicy
+
 log = logging.getLogger("llm_gateway.outage")
 
 LOG_INTERVAL_SECONDS = 60.0
@@ -26,12 +28,14 @@ class Outage:
         component: str,
         backend: str,
         *,
+        policy: FailurePolicy,
         substitute: str,
         log_interval: float = LOG_INTERVAL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.component = component  # what depends on it: "rate_limiter", "key_store"
         self.backend = backend  # "redis", "postgres", "sqlite"
+        self.policy = policy
         self.substitute = substitute  # what serves while it is down, for the log line
         self._log_interval = log_interval
         self._clock = clock
@@ -45,6 +49,21 @@ class Outage:
     @property
     def is_down(self) -> bool:
         return self.down_since is not None
+
+    @property
+    def state(self) -> str:
+        """What the outage means for serving: "ok", "degraded" (fail-open serves on a
+        substitute) or "unavailable" (fail-closed refuses)."""
+        if not self.is_down:
+            return "ok"
+        return "degraded" if self.policy is FailurePolicy.FAIL_OPEN else "unavailable"
+
+    def check(self) -> dict[str, str]:
+        """This backend's entry in /readyz."""
+        if not self.is_down:
+            return {"backend": self.backend, "state": "ok"}
+        return {"backend": self.backend, "state": self.state, "policy": self.policy.value,
+                "error": self.last_error}
 
     def failed(self, error: BaseException) -> None:
         now = self._clock()

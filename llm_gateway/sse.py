@@ -1,13 +1,10 @@
-"""Server-sent events, sans-IO: feed bytes as they arrive, get events (and stream facts) back.
+"""Server-sent events, sans-IO: feed bytes as they arrive, get events back.
 
 Runs on every chunk of every streamed response, so lines are cut with bytes.split/replace rather
 than by walking bytes in Python, and each block of complete lines is decoded once.
 """
 
-import json
 from dataclasses import dataclass
-
-from llm_gateway.usage import Usage, usage_from_payload
 
 _BOM = b"\xef\xbb\xbf"
 
@@ -117,119 +114,3 @@ class SSEParser:
         self._data = None
         self._event = None
         self._id = None
-
-
-class StreamObserver:
-    """Watches an OpenAI-compatible SSE stream being relayed and records what it says.
-
-    Only observes: the caller relays the original bytes untouched. Garbage is counted, never
-    raised, because a broken upstream frame must not break the relay.
-    """
-
-    __slots__ = (
-        "_parser",
-        "done",
-        "error",
-        "event_count",
-        "finish_reasons",
-        "first_event_at",
-        "last_event_at",
-        "malformed_count",
-        "max_gap",
-        "model",
-        "response_id",
-        "usage",
-    )
-
-    def __init__(self) -> None:
-        self._parser = SSEParser()
-        self.response_id: str | None = None
-        self.model: str | None = None
-        self.finish_reasons: list[str] = []
-        self.usage: Usage | None = None
-        self.error: dict[str, str | None] | None = None
-        self.done = False
-        self.event_count = 0
-        self.malformed_count = 0
-        self.first_event_at: float | None = None
-        self.last_event_at: float | None = None
-        self.max_gap = 0.0
-
-    def feed(self, chunk: bytes, now: float) -> None:
-        """Observe `chunk`; `now` is the caller's time.monotonic() when it arrived."""
-        for event in self._parser.feed(chunk):
-            self._observe(event, now)
-
-    def close(self) -> None:
-        for event in self._parser.close():
-            self._observe(event, None)
-
-    def _observe(self, event: SSEEvent, now: float | None) -> None:
-        self.event_count += 1
-        if now is not None:
-            if self.last_event_at is None:
-                self.first_event_at = now
-            else:
-                self.max_gap = max(self.max_gap, now - self.last_event_at)
-            self.last_event_at = now
-
-        data = event.data
-        if data == "[DONE]":
-            self.done = True
-            return
-        try:
-            payload = json.loads(data)
-        except (ValueError, RecursionError):
-            self.malformed_count += 1
-            return
-        if not isinstance(payload, dict):
-            # Valid JSON, but no OpenAI-compatible frame is anything other than an object.
-            self.malformed_count += 1
-            return
-
-        if "error" in payload:
-            error = _normalise_error(payload["error"])
-            # The first error is the cause; anything after it is usually fallout.
-            if error is not None and self.error is None:
-                self.error = error
-        if self.response_id is None:
-            response_id = payload.get("id")
-            if isinstance(response_id, str):
-                self.response_id = response_id
-        if not self.model:
-            model = payload.get("model")
-            if isinstance(model, str) and model:
-                self.model = model
-        choices = payload.get("choices")
-        if isinstance(choices, list):
-            for choice in choices:
-                if isinstance(choice, dict):
-                    finish_reason = choice.get("finish_reason")
-                    if isinstance(finish_reason, str):
-                        self.finish_reasons.append(finish_reason)
-        usage = usage_from_payload(payload)
-        if usage is not None:
-            self.usage = usage
-
-
-def _normalise_error(error: object) -> dict[str, str | None] | None:
-    """OpenAI's {"message", "type", "code"} object or Venice's bare string, as one shape."""
-    if isinstance(error, str):
-        return {"message": error, "type": None, "code": None}
-    if isinstance(error, dict):
-        message = error.get("message")
-        return {
-            "message": message if isinstance(message, str) else json.dumps(error),
-            "type": _optional_str(error.get("type")),
-            "code": _optional_str(error.get("code")),
-        }
-    return None  # e.g. "error": null on an otherwise normal frame
-
-
-def _optional_str(value: object) -> str | None:
-    # Some upstreams send numeric codes (429); keep them, as text, but drop nested junk.
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return str(value)
-    return None

@@ -10,7 +10,7 @@ Prompts appear only when CAPTURE_GENAI_CONTENT is on.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -25,15 +25,23 @@ from prometheus_client import (
     generate_latest,
 )
 
+from llm_gateway.billing.metering import UsageRecord
 from llm_gateway.config import Settings
 from llm_gateway.errors import Rejection
-from llm_gateway.metering import UsageRecord
-
-if TYPE_CHECKING:
-    from llm_gateway.engine import Exchange
 
 _OPERATION = {"chat.completions": "chat", "embeddings": "embeddings", "models": "models"}
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class SpanSource(Protocol):
+    """What a span needs from the finished request beyond its usage record."""
+
+    @property
+    def model(self) -> str | None: ...  # as the caller named it
+    @property
+    def server_address(self) -> str: ...
+    @property
+    def request_body(self) -> bytes: ...
 
 
 def tracer_provider_from_settings(settings: Settings) -> TracerProvider | None:
@@ -86,9 +94,9 @@ class Telemetry:
         )
 
     def rejected(self, adapter: str, rejection: Rejection) -> None:
-        self.rejections.labels(adapter, str(rejection.status), rejection.error_type).inc()
+        self.rejections.labels(adapter, str(rejection.status), rejection.code).inc()
 
-    def finished(self, exchange: Exchange, record: UsageRecord) -> None:
+    def finished(self, record: UsageRecord, exchange: SpanSource) -> None:
         model = record.model or ""
         self.requests.labels(record.adapter, record.endpoint, model, str(record.status),
                              record.error_type or "").inc()
@@ -101,9 +109,9 @@ class Telemetry:
         self.duration.labels(record.adapter, record.endpoint).observe(record.duration_ms / 1000)
         if record.first_chunk_ms is not None:
             self.first_chunk.labels(record.adapter).observe(record.first_chunk_ms / 1000)
-        self._span(exchange, record)
+        self._span(record, exchange)
 
-    def _span(self, exchange: Exchange, record: UsageRecord) -> None:
+    def _span(self, record: UsageRecord, exchange: SpanSource) -> None:
         operation = _OPERATION.get(record.endpoint, record.endpoint)
         start_ns = int(record.started_at * 1e9)
         end_ns = start_ns + int(record.duration_ms * 1e6)
@@ -112,11 +120,10 @@ class Telemetry:
         if not span.is_recording():
             span.end(end_ns)
             return
-        upstream = exchange.upstream
         attributes: dict[str, object] = {
             "gen_ai.operation.name": operation,
-            "gen_ai.provider.name": upstream.name,
-            "server.address": upstream.host,
+            "gen_ai.provider.name": record.upstream,
+            "server.address": exchange.server_address,
             "http.response.status_code": record.status,
             "llm_gateway.request_id": record.request_id,
             "llm_gateway.key_id": record.key_id,
@@ -140,7 +147,7 @@ class Telemetry:
         if record.first_chunk_ms is not None:
             attributes["llm_gateway.time_to_first_chunk_ms"] = record.first_chunk_ms
         if self.capture_content:
-            messages = _input_messages(exchange.request.body)
+            messages = _input_messages(exchange.request_body)
             if messages is not None:
                 attributes["gen_ai.input.messages"] = messages
         span.set_attributes(attributes)  # type: ignore[arg-type]

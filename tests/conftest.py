@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -9,12 +8,14 @@ from pathlib import Path
 import pytest
 
 from asgi_middleware import create_app
+from llm_gateway.billing.metering import UsageRecord
 from llm_gateway.config import Secret, Settings
 from llm_gateway.engine import Gateway
-from llm_gateway.fake_upstream import FakeUpstream, running_fake_upstream
 from llm_gateway.keys import KeyRecord
-from llm_gateway.metering import UsageRecord
-from llm_gateway.upstream import Upstream
+from llm_gateway.routing.client import Upstream
+from llm_gateway.testing.fake_upstream import FakeUpstream, running_fake_upstream
+from llm_gateway.testing.records import RecordedUsage
+from llm_gateway.wiring import build_gateway
 from tests.support import (
     POSTGRES_URL,
     REDIS_URL,
@@ -59,7 +60,7 @@ class RunningGateway:
     url: str
     gateway: Gateway
     database_url: str
-    loop_holder: list[asyncio.AbstractEventLoop]
+    finished: RecordedUsage  # every usage record as its request finishes
 
     def key(self, **options: object) -> str:
         return create_key(self.database_url, **options)[1]
@@ -69,13 +70,7 @@ class RunningGateway:
 
     def records(self) -> list[UsageRecord]:
         """Usage records as durably stored, after flushing what is pending."""
-        # The writer flushes every 0.2 s from the server's loop; wait for it.
-        import time
-
-        deadline = time.monotonic() + 5
-        while self.gateway.usage._pending and time.monotonic() < deadline:
-            time.sleep(0.02)
-        time.sleep(0.05)
+        self.gateway.flush_from_thread()
         return usage_records(self.database_url)
 
 
@@ -104,11 +99,13 @@ def start_gateway(tmp_path: Path, fake_url: str):  # type: ignore[no-untyped-def
             api_key=settings.require_provider_key(), max_retries=settings.venice_max_retries,
             timeout=settings.request_timeout_seconds, backoff_base=backoff_base,
         )
-        gateway = Gateway(settings, upstream=upstream, key_cache_seconds=0)
+        gateway = build_gateway(settings, upstream=upstream, key_cache_seconds=0)
+        finished = RecordedUsage()
+        gateway.add_record_sink(finished)
         context = serve_in_thread(create_app(settings, gateway=gateway))
         url = context.__enter__()
         stack.append(context)
-        return RunningGateway(url, gateway, settings.database_url, [])
+        return RunningGateway(url, gateway, settings.database_url, finished)
 
     yield start
     for context in reversed(stack):

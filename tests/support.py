@@ -21,8 +21,8 @@ import httpx
 import pytest
 import uvicorn
 
+from llm_gateway.billing.metering import UsageRecord
 from llm_gateway.keys import KeyRecord, new_key_record
-from llm_gateway.metering import UsageRecord
 from llm_gateway.stores import open_store
 
 REPO = Path(__file__).resolve().parent.parent

@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx
 
 from asgi_middleware import GatewayMiddleware
-from llm_gateway.engine import Gateway
-from llm_gateway.fake_upstream import FakeUpstream
+from llm_gateway.testing.fake_upstream import FakeUpstream
+from llm_gateway.wiring import build_gateway
 from tests.conftest import make_settings
 from tests.support import create_key, serve_in_thread
 
@@ -38,7 +38,7 @@ def test_middleware_serves_the_prefix_and_passes_the_rest(  # type: ignore[no-un
     settings = make_settings(tmp_path, fake_url)
     _, key = create_key(settings.database_url)
     events: list[str] = []
-    app = GatewayMiddleware(make_app(events), Gateway(settings), prefix="/llm/v1")
+    app = GatewayMiddleware(make_app(events), build_gateway(settings), prefix="/llm/v1")
     with serve_in_thread(app) as url:
         headers = {"authorization": f"Bearer {key}"}
         completion = httpx.post(url + "/llm/v1/chat/completions", json=CHAT, headers=headers)

@@ -19,7 +19,7 @@ from bench.loadgen import Budget, PythonGenerator, parse_hey_output
 from bench.pngcanvas import Canvas
 from bench.report import markdown_table, table_rows
 from bench.targets import Target
-from llm_gateway.fake_upstream import FakeUpstream, running_fake_upstream
+from llm_gateway.testing.fake_upstream import FakeUpstream, running_fake_upstream
 from tests.support import BIN, REPO
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

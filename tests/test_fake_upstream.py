@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from llm_gateway.fake_upstream import (
+from llm_gateway.testing.fake_upstream import (
     BILLING_SECRET,
     DEFAULT_FAKE_API_KEY,
     FAKE_MODELS,
@@ -539,7 +539,7 @@ def test_command_line_entry_point():
     command = [
         sys.executable,
         "-m",
-        "llm_gateway.fake_upstream",
+        "llm_gateway.testing.fake_upstream",
         "--port",
         "0",
         "--api-key",

@@ -24,7 +24,7 @@ from llm_gateway.keys import (
     parse_duration,
     parse_rate_limit,
 )
-from llm_gateway.migrations import MIGRATIONS
+from llm_gateway.stores.migrations import MIGRATIONS
 from llm_gateway.stores.sqlite import SqliteStore
 from tests.support import BIN, send_keys_as_prompts
 
@@ -163,13 +163,13 @@ def test_last_used_at_is_written_in_batches_not_per_request(  # type: ignore[no-
     tmp_path: Path, fake_url, fake
 ) -> None:
     from asgi_middleware import create_app
-    from llm_gateway.engine import Gateway
+    from llm_gateway.wiring import build_gateway
     from tests.conftest import make_settings
     from tests.support import create_key, serve_in_thread
 
     settings = make_settings(tmp_path, fake_url)
     record, key = create_key(settings.database_url)
-    gateway = Gateway(settings)
+    gateway = build_gateway(settings)
 
     def stored_last_used_at() -> float | None:  # through the store: SQLite or Postgres
         from llm_gateway.stores import open_store

@@ -9,10 +9,12 @@ import uuid
 import psycopg
 
 from llm_gateway.config import FailurePolicy, Settings
-from llm_gateway.limits import FailoverRateLimiter, LimitDecision, open_limiter
-from llm_gateway.limits_postgres import PostgresRateLimiter
+from llm_gateway.limits import LimitDecision
+from llm_gateway.limits.failover import FailoverRateLimiter
+from llm_gateway.limits.postgres import PostgresRateLimiter
 from llm_gateway.stores import open_store
 from llm_gateway.stores.postgres import PostgresStore
+from llm_gateway.wiring import open_limiter
 
 
 def run_with_limiter[T](url: str, work) -> T:  # type: ignore[no-untyped-def]

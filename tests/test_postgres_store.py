@@ -16,10 +16,10 @@ import httpx
 import psycopg
 import pytest
 
+from llm_gateway.billing.metering import UsageRecord
 from llm_gateway.keys import KeyRecord, key_prefix, new_key_record
-from llm_gateway.metering import UsageRecord
-from llm_gateway.migrations import MIGRATIONS
 from llm_gateway.stores import StoreUnavailable, open_store
+from llm_gateway.stores.migrations import MIGRATIONS
 from llm_gateway.stores.postgres import PostgresStore
 from tests.support import BIN, free_port, send_keys_as_prompts
 

@@ -13,9 +13,11 @@ import redis
 from redis.crc import key_slot
 
 from llm_gateway.config import FailurePolicy, Settings
-from llm_gateway.limits import FailoverRateLimiter, LimitDecision, LimiterUnavailable, open_limiter
-from llm_gateway.limits_redis import FIXED_WINDOW_SHA, RedisRateLimiter, window_key
+from llm_gateway.limits import LimitDecision, LimiterUnavailable
+from llm_gateway.limits.failover import FailoverRateLimiter
+from llm_gateway.limits.redis import FIXED_WINDOW_SHA, RedisRateLimiter, window_key
 from llm_gateway.stores import open_store
+from llm_gateway.wiring import open_limiter
 from tests.support import private_redis
 
 

@@ -21,8 +21,8 @@ import psycopg
 import pytest
 import redis
 
-from llm_gateway.fake_upstream import FakeUpstream
-from llm_gateway.limits_redis import window_key
+from llm_gateway.limits.redis import window_key
+from llm_gateway.testing.fake_upstream import FakeUpstream
 from tests.support import (
     BIN,
     POSTGRES_URL,

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from llm_gateway.fake_upstream import FakeUpstream, Fault
+from llm_gateway.testing.fake_upstream import FakeUpstream, Fault
 from tests.support import (
     BIN,
     assert_stream_not_buffered,

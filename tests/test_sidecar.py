@@ -34,15 +34,19 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from llm_gateway.ca import CERT_FILE, install_for_mitmproxy, load_or_create_ca
+from llm_gateway.adapters.ca import CERT_FILE, install_for_mitmproxy, load_or_create_ca
+from llm_gateway.adapters.sidecar import Sidecar
+from llm_gateway.billing.metering import UsageRecord
 from llm_gateway.config import EgressPolicy, Settings
-from llm_gateway.engine import Exchange, Gateway, IncomingRequest
+from llm_gateway.engine import Gateway
 from llm_gateway.errors import Rejection
-from llm_gateway.fake_upstream import BILLING_SECRET, FakeUpstream, Fault
-from llm_gateway.metering import UsageRecord
-from llm_gateway.sidecar import Sidecar
+from llm_gateway.exchange import Exchange
+from llm_gateway.messages import IncomingRequest
 from llm_gateway.stores import Store, open_store
 from llm_gateway.stores.sqlite import SqliteStore
+from llm_gateway.testing.fake_upstream import BILLING_SECRET, FakeUpstream, Fault
+from llm_gateway.testing.records import RecordedUsage
+from llm_gateway.wiring import build_gateway
 from tests.conftest import make_settings
 from tests.support import (
     BIN,
@@ -146,12 +150,11 @@ class InProcessSidecar:
         return httpx.Client(proxy=self.proxy, verify=trusting(self.ca_cert), timeout=10,
                             **options)  # type: ignore[arg-type]
 
+    finished: RecordedUsage
+
     def records(self, count: int = 1, timeout: float = 5) -> list[UsageRecord]:
         """The usage records finish() produced, once there are ``count`` of them."""
-        deadline = time.monotonic() + timeout
-        while len(self.gateway.last_records) < count and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return list(self.gateway.last_records)
+        return self.finished.wait_for(count, timeout)
 
 
 @pytest.fixture(scope="session")
@@ -184,10 +187,12 @@ def sidecar_in_thread(gateway: Gateway, ca_dir: Path, workdir: Path, *, mode: st
         assert thread.is_alive() and time.monotonic() < deadline, f"no start: {failures}"
         time.sleep(0.005)
     assert sidecar.proxy_address and sidecar.admin_address
+    finished = RecordedUsage()
+    gateway.add_record_sink(finished)
     try:
         yield InProcessSidecar(
             sidecar, gateway, "http://{}:{}".format(*sidecar.proxy_address),
-            "http://{}:{}".format(*sidecar.admin_address), ca_dir / CERT_FILE,
+            "http://{}:{}".format(*sidecar.admin_address), ca_dir / CERT_FILE, finished,
         )
     finally:
         sidecar.shutdown()
@@ -195,9 +200,9 @@ def sidecar_in_thread(gateway: Gateway, ca_dir: Path, workdir: Path, *, mode: st
 
 
 def in_process_gateway(tmp_path: Path, fake_url: str, *, store: Store | None = None,
-                       gateway_class: type[Gateway] = Gateway, **overrides: object) -> Gateway:
+                       **overrides: object) -> Gateway:
     settings = make_settings(tmp_path, fake_url, **overrides)
-    return gateway_class(settings, store=store, key_cache_seconds=0)
+    return build_gateway(settings, store=store, key_cache_seconds=0)
 
 
 def chat(client: httpx.Client, url: str, key: str | None, body: object = CHAT,
@@ -527,7 +532,7 @@ def test_mitmdump_script_works_with_the_same_variables(
     key = create_key(database_url)[1]
     confdir = tmp_path / "mitmproxy"
     command = [
-        str(BIN / "mitmdump"), "-q", "-s", str(REPO / "addons" / "llm_gateway.py"),
+        str(BIN / "mitmdump"), "-q", "-s", str(REPO / "addons" / "gateway_addon.py"),
         "--listen-host", "127.0.0.1", "--listen-port", str(port), "--set", f"confdir={confdir}",
     ]
     env = {"DATABASE_URL": database_url, "VENICE_API_KEY": SERVER_KEY,
@@ -587,7 +592,7 @@ def test_asgi_and_sidecar_write_the_same_finish_record(
     body = {**CHAT, "stream": True} if stream else CHAT
     with httpx.Client(timeout=10) as plain:
         assert chat(plain, asgi.url + "/v1", key, body).status_code == 200
-    [asgi_record] = asgi.gateway.last_records
+    [asgi_record] = asgi.finished.wait_for(1)
 
     gateway = in_process_gateway(tmp_path, fake_url)  # the same database, hence the same key
     with sidecar_in_thread(gateway, ca_dir, tmp_path) as sidecar, sidecar.client() as client:
@@ -770,11 +775,12 @@ def test_fail_closed_when_the_key_store_raises(
     assert len(fake.requests) == len(base_urls)
 
 
-class CrashAfterAdmission(Gateway):
+def crash_after_admission(gateway: Gateway) -> Gateway:
     """Admits as usual, then the exchange breaks while the request is being rewritten."""
+    admit = gateway.admit
 
-    async def admit(self, request: IncomingRequest) -> Exchange | Rejection:
-        admitted = await super().admit(request)
+    async def admit_then_break(request: IncomingRequest) -> Exchange | Rejection:
+        admitted = await admit(request)
         if isinstance(admitted, Exchange):
             def explode() -> list[tuple[str, str]]:
                 raise RuntimeError("crashed after the gateway key was checked")
@@ -782,11 +788,14 @@ class CrashAfterAdmission(Gateway):
             admitted.upstream_headers = explode  # type: ignore[method-assign]
         return admitted
 
+    gateway.admit = admit_then_break  # type: ignore[method-assign]
+    return gateway
+
 
 def test_fail_closed_after_the_key_was_checked(
     tmp_path: Path, fake_url: str, fake: FakeUpstream, ca_dir: Path
 ) -> None:
-    gateway = in_process_gateway(tmp_path, fake_url, gateway_class=CrashAfterAdmission)
+    gateway = crash_after_admission(in_process_gateway(tmp_path, fake_url))
     key = create_key(gateway.settings.database_url)[1]
     with sidecar_in_thread(gateway, ca_dir, tmp_path) as sidecar, sidecar.client() as client:
         for base_url in (VENICE, fake_url):
@@ -796,12 +805,16 @@ def test_fail_closed_after_the_key_was_checked(
     assert [(r.status, r.error_type) for r in records] == [(500, "gateway_error")] * 2
 
 
-class LogsAnErrorAsItStarts(Gateway):
+def logs_an_error_as_it_starts(gateway: Gateway) -> Gateway:
     """Logs an error while the sidecar starts, as a request the key store failed does."""
+    start = gateway.start
 
-    async def start(self) -> None:
-        await super().start()
+    async def start_and_log() -> None:
+        await start()
         logging.getLogger("llm_gateway.engine").error("a request failed while starting")
+
+    gateway.start = start_and_log  # type: ignore[method-assign]
+    return gateway
 
 
 def test_an_error_the_gateway_logs_while_starting_does_not_stop_the_sidecar(
@@ -809,7 +822,7 @@ def test_an_error_the_gateway_logs_while_starting_does_not_stop_the_sidecar(
 ) -> None:
     """mitmproxy's start-up check exits on any error logged before start-up is over: that
     is for its own (a failed bind), never for one request the gateway answered 500."""
-    gateway = in_process_gateway(tmp_path, fake_url, gateway_class=LogsAnErrorAsItStarts)
+    gateway = logs_an_error_as_it_starts(in_process_gateway(tmp_path, fake_url))
     key = create_key(gateway.settings.database_url)[1]
     with sidecar_in_thread(gateway, ca_dir, tmp_path) as sidecar, sidecar.client() as client:
         time.sleep(0.2)  # had the check seen the error, the proxy would be gone by now

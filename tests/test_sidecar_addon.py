@@ -19,9 +19,12 @@ from mitmproxy.addons import next_layer, proxyserver
 from mitmproxy.connection import ConnectionState
 from mitmproxy.test import taddons, tflow, tutils
 
+from llm_gateway.adapters.mitm_addon import GatewayAddon
+from llm_gateway.billing.metering import UsageRecord
 from llm_gateway.engine import Gateway
 from llm_gateway.keys import new_key_record
-from llm_gateway.mitm_addon import LlmGateway
+from llm_gateway.testing.records import RecordedUsage
+from llm_gateway.wiring import build_gateway
 from tests.conftest import make_settings
 
 UPSTREAM = "http://127.0.0.1:9/api/v1"  # never connected to: these flows are simulated
@@ -35,9 +38,23 @@ def sse_reply() -> bytes:
     return b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n"
 
 
+_SINKS: dict[int, RecordedUsage] = {}
+
+
+def recording(gateway: Gateway) -> Gateway:
+    _SINKS[id(gateway)] = sink = RecordedUsage()
+    gateway.add_record_sink(sink)
+    return gateway
+
+
+def finished(gateway: Gateway) -> list[UsageRecord]:
+    """The usage records of the requests that finished so far."""
+    return _SINKS[id(gateway)].records
+
+
 @pytest.fixture
 async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
-    engine = Gateway(make_settings(tmp_path, UPSTREAM), key_cache_seconds=0)
+    engine = recording(build_gateway(make_settings(tmp_path, UPSTREAM), key_cache_seconds=0))
     await engine.start()
     yield engine
     await engine.close()
@@ -59,7 +76,7 @@ def llm_flow(key: str, body: object, path: str = "/api/v1/chat/completions") -> 
     return tflow.tflow(req=request)
 
 
-async def admitted_flow(addon: LlmGateway, key: str, body: object) -> http.HTTPFlow:
+async def admitted_flow(addon: GatewayAddon, key: str, body: object) -> http.HTTPFlow:
     flow = llm_flow(key, body)
     addon.requestheaders(flow)
     await addon.request(flow)
@@ -70,7 +87,8 @@ async def admitted_flow(addon: LlmGateway, key: str, body: object) -> http.HTTPF
 
 
 def test_configure_enforces_lazy_connections_and_allowed_hosts(tmp_path: Path) -> None:
-    addon = LlmGateway(Gateway(make_settings(tmp_path, "https://venice.example:8443/api/v1")))
+    addon = GatewayAddon(build_gateway(
+        make_settings(tmp_path, "https://venice.example:8443/api/v1")))
     with taddons.context(proxyserver.Proxyserver(), next_layer.NextLayer(), addon) as context:
         context.configure(addon, connection_strategy="eager")
         options = context.options
@@ -86,7 +104,7 @@ def test_configure_enforces_lazy_connections_and_allowed_hosts(tmp_path: Path) -
 async def test_a_compressed_stream_is_decoded_for_client_and_observer(
     gateway: Gateway,
 ) -> None:
-    addon = LlmGateway(gateway)
+    addon = GatewayAddon(gateway)
     flow = await admitted_flow(addon, await new_key(gateway), {**CHAT, "stream": True})
     flow.response = tutils.tresp(
         headers=http.Headers(content_type="text/event-stream", content_encoding="gzip"),
@@ -101,13 +119,13 @@ async def test_a_compressed_stream_is_decoded_for_client_and_observer(
     relayed = b"".join(relay(compressed[i:i + 7]) for i in range(0, len(compressed), 7))
     assert relayed + relay(b"") == sse_reply()
     addon.response(flow)
-    [record] = gateway.last_records
+    [record] = finished(gateway)
     assert (record.total_tokens, record.finish_reasons, record.error_type) == (4, ["stop"], None)
 
 
 async def test_a_compressed_json_body_is_observed_and_relayed_decoded(gateway: Gateway) -> None:
     """mitmproxy forwards streams only; a provider may answer one with JSON anyway."""
-    addon = LlmGateway(gateway)
+    addon = GatewayAddon(gateway)
     flow = await admitted_flow(addon, await new_key(gateway), {**CHAT, "stream": True})
     body = json.dumps({"id": "chatcmpl-2", "model": "llama-3.3-70b",
                        "choices": [{"index": 0, "finish_reason": "length"}],
@@ -121,29 +139,29 @@ async def test_a_compressed_json_body_is_observed_and_relayed_decoded(gateway: G
     addon.response(flow)
     assert flow.response.raw_content == body
     assert flow.response.headers["content-length"] == str(len(body))
-    [record] = gateway.last_records
+    [record] = finished(gateway)
     assert (record.total_tokens, record.finish_reasons) == (7, ["length"])
 
 
 async def test_a_failing_responseheaders_hook_kills_the_flow_and_finishes(
     gateway: Gateway,
 ) -> None:
-    addon = LlmGateway(gateway)
+    addon = GatewayAddon(gateway)
     flow = await admitted_flow(addon, await new_key(gateway), {**CHAT, "stream": True})
     flow.response = tutils.tresp()
     flow.response.status_code = "not a status"  # type: ignore[assignment]
     addon.responseheaders(flow)
     assert flow.error is not None and flow.error.msg == flow.error.KILLED_MESSAGE
-    [record] = gateway.last_records
+    [record] = finished(gateway)
     assert (record.status, record.error_type) == (502, "gateway_error")
 
 
 async def test_an_upstream_that_cannot_be_reached_is_recorded(gateway: Gateway) -> None:
-    addon = LlmGateway(gateway)
+    addon = GatewayAddon(gateway)
     flow = await admitted_flow(addon, await new_key(gateway), {**CHAT, "stream": True})
     flow.error = tflow.terr("Connection refused")
     addon.error(flow)
-    [record] = gateway.last_records
+    [record] = finished(gateway)
     assert (record.status, record.error_type) == (502, "upstream_unreachable")
 
 
@@ -165,8 +183,8 @@ async def upstream_answering(handler: Callable[[web.Request], Awaitable[web.Stre
 
 
 async def engine_for(tmp_path: Path, upstream: str) -> Gateway:
-    engine = Gateway(make_settings(tmp_path, upstream, venice_max_retries=0),
-                     key_cache_seconds=0)
+    engine = recording(build_gateway(make_settings(tmp_path, upstream, venice_max_retries=0),
+                                     key_cache_seconds=0))
     await engine.start()
     return engine
 
@@ -178,7 +196,7 @@ async def test_a_stream_nobody_asked_for_is_answered_whole(tmp_path: Path) -> No
     async with upstream_answering(sse) as upstream:
         gateway = await engine_for(tmp_path, upstream)
         try:
-            addon = LlmGateway(gateway)
+            addon = GatewayAddon(gateway)
             flow = llm_flow(await new_key(gateway), CHAT)  # not a stream
             addon.requestheaders(flow)
             await addon.request(flow)
@@ -186,11 +204,11 @@ async def test_a_stream_nobody_asked_for_is_answered_whole(tmp_path: Path) -> No
             assert flow.response.content == sse_reply()
             assert flow.response.headers["content-length"] == str(len(sse_reply()))
             assert flow.request.host == "api.venice.ai"  # answered, not rewritten
-            assert gateway.last_records == []  # finished once mitmproxy answers
+            assert finished(gateway) == []  # finished once mitmproxy answers
             addon.responseheaders(flow)
             addon.response(flow)
             addon.response(flow)
-            [record] = gateway.last_records
+            [record] = finished(gateway)
             assert (record.status, record.total_tokens, record.finish_reasons) == (
                 200, 4, ["stop"])
         finally:
@@ -212,7 +230,7 @@ async def test_a_client_gone_while_the_engine_waits_is_recorded(tmp_path: Path) 
     async with upstream_answering(slow) as upstream:
         gateway = await engine_for(tmp_path, upstream)
         try:
-            addon = LlmGateway(gateway)
+            addon = GatewayAddon(gateway)
             flow = llm_flow(await new_key(gateway), CHAT)
             addon.requestheaders(flow)
             asyncio.get_running_loop().call_later(
@@ -221,17 +239,17 @@ async def test_a_client_gone_while_the_engine_waits_is_recorded(tmp_path: Path) 
             await addon.request(flow)
             assert time.monotonic() - started < 1
             assert flow.error is not None and flow.error.msg == flow.error.KILLED_MESSAGE
-            [record] = gateway.last_records
+            [record] = finished(gateway)
             assert (record.status, record.error_type) == (499, "client_disconnected")
             addon.error(flow)  # mitmproxy reports the killed flow: finished already
-            assert len(gateway.last_records) == 1
+            assert len(finished(gateway)) == 1
             await asyncio.wait_for(hung_up.wait(), 5)  # the upstream request was dropped
         finally:
             await gateway.close()
 
 
 async def test_a_request_before_the_engine_exists_is_answered_not_forwarded() -> None:
-    addon = LlmGateway()  # configure() never ran: no engine
+    addon = GatewayAddon()  # configure() never ran: no engine
     flow = llm_flow("llmg_whatever", CHAT)
     addon.requestheaders(flow)
     await addon.request(flow)
@@ -241,7 +259,7 @@ async def test_a_request_before_the_engine_exists_is_answered_not_forwarded() ->
 
 
 async def test_a_flow_that_skipped_requestheaders_is_still_checked(gateway: Gateway) -> None:
-    addon = LlmGateway(gateway)
+    addon = GatewayAddon(gateway)
     flow = llm_flow("llmg_not-a-real-key", CHAT)
     await addon.request(flow)  # no requestheaders first
     assert flow.response is not None and flow.response.status_code == 401

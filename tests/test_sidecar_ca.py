@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from llm_gateway.ca import (
+from llm_gateway.adapters.ca import (
     CERT_FILE,
     KEY_FILE,
     MITMPROXY_CA_FILE,
@@ -21,9 +21,9 @@ from llm_gateway.ca import (
     load_or_create_ca,
     write_ca_bundle,
 )
+from llm_gateway.adapters.sidecar import parse_arguments
 from llm_gateway.config import ConfigError, EgressPolicy, load_settings
-from llm_gateway.engine import Gateway
-from llm_gateway.sidecar import parse_arguments
+from llm_gateway.wiring import build_gateway
 from tests.conftest import make_settings
 from tests.support import BIN
 
@@ -161,7 +161,7 @@ def test_llm_hosts_and_egress_policy_settings(tmp_path: Path) -> None:
 
 
 def test_the_engine_maps_hosts_and_paths(tmp_path: Path) -> None:
-    gateway = Gateway(make_settings(tmp_path, "http://127.0.0.1:3001/api/v1"))
+    gateway = build_gateway(make_settings(tmp_path, "http://127.0.0.1:3001/api/v1"))
     assert gateway.api_root_for_host("API.Venice.ai.", 443) == "/api/v1"
     assert gateway.api_root_for_host("127.0.0.1", 3001) == "/api/v1"
     assert gateway.api_root_for_host("127.0.0.1", 3002) is None
@@ -170,11 +170,11 @@ def test_the_engine_maps_hosts_and_paths(tmp_path: Path) -> None:
     assert gateway.path_under_root("/api/v1", "/api/v10/models") is None
     assert gateway.path_under_root("/api/v1", "/dashboard") is None
     assert gateway.egress_rejection("example.com", 443) is None
-    denying = Gateway(make_settings(tmp_path, "http://127.0.0.1:3001/api/v1",
+    denying = build_gateway(make_settings(tmp_path, "http://127.0.0.1:3001/api/v1",
                                     egress_policy=EgressPolicy.DENY))
     rejection = denying.egress_rejection("example.com", 443)
     assert rejection is not None and rejection.status == 403
-    assert rejection.error_type == "egress_denied"
+    assert rejection.code == "egress_denied"
 
 
 def test_an_intermediate_ca_keeps_its_chain(tmp_path: Path) -> None:

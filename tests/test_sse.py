@@ -6,8 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llm_gateway.sse import SSEEvent, SSEParser, StreamObserver
-from llm_gateway.usage import Usage, usage_from_payload
+from llm_gateway.observe import StreamObserver
+from llm_gateway.providers import Usage, VeniceProfile
+from llm_gateway.sse import SSEEvent, SSEParser
+
+usage_from_payload = VeniceProfile().usage
 
 BOM = b"\xef\xbb\xbf"
 EOLS = [b"\n", b"\r\n", b"\r"]
@@ -23,7 +26,7 @@ def parse(*chunks: bytes) -> list[SSEEvent]:
 
 
 def observe(*chunks: bytes, now: float = 0.0) -> StreamObserver:
-    observer = StreamObserver()
+    observer = StreamObserver(VeniceProfile())
     for chunk in chunks:
         observer.feed(chunk, now)
     observer.close()
@@ -308,7 +311,7 @@ def test_malformed_frames_are_counted_and_the_stream_goes_on() -> None:
 
 
 def test_timings_use_the_supplied_now() -> None:
-    observer = StreamObserver()
+    observer = StreamObserver(VeniceProfile())
     observer.feed(b": comment only\n\n", 0.5)
     assert observer.first_event_at is None
     observer.feed(b'data: {"id": "x"}\n\ndata: {}', 1.0)
@@ -322,13 +325,13 @@ def test_timings_use_the_supplied_now() -> None:
 
 
 def test_single_event_has_no_gap() -> None:
-    observer = StreamObserver()
+    observer = StreamObserver(VeniceProfile())
     observer.feed(b"data: [DONE]\n\n", 7.0)
     assert (observer.first_event_at, observer.last_event_at, observer.max_gap) == (7.0, 7.0, 0.0)
 
 
 def test_events_completed_by_one_feed_share_its_time() -> None:
-    observer = StreamObserver()
+    observer = StreamObserver(VeniceProfile())
     observer.feed(sse("{}", "{}", "{}"), 2.0)
     assert (observer.first_event_at, observer.last_event_at, observer.max_gap) == (2.0, 2.0, 0.0)
 

@@ -12,8 +12,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from asgi_middleware import create_app
-from llm_gateway.engine import Gateway
-from llm_gateway.fake_upstream import FakeUpstream
+from llm_gateway.testing.fake_upstream import FakeUpstream
+from llm_gateway.wiring import build_gateway
 from tests.conftest import make_settings
 from tests.support import create_key, gateway_process, serve_in_thread
 
@@ -27,7 +27,7 @@ def traced(tmp_path, fake_url):  # type: ignore[no-untyped-def]
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         settings = make_settings(tmp_path, fake_url, **overrides)
-        gateway = Gateway(settings, tracer_provider=provider)
+        gateway = build_gateway(settings, tracer_provider=provider)
         return exporter, gateway, settings
 
     return start

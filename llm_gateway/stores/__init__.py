@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from llm_gateway.billing.metering import UsageRecord
+from llm_gateway.config import is_postgres_url
 from llm_gateway.keys import KeyRecord
-from llm_gateway.metering import UsageRecord
 
 
 class StoreUnavailable(Exception):
@@ -36,7 +37,7 @@ def open_store(database_url: str) -> Store:
         from llm_gateway.stores.sqlite import SqliteStore
 
         return SqliteStore.from_url(database_url)
-    if database_url.startswith(("postgresql:", "postgres:")):
+    if is_postgres_url(database_url):
         from llm_gateway.stores.postgres import PostgresStore
 
         return PostgresStore(database_url)

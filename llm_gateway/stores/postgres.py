@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from llm_gateway.billing.metering import UsageRecord
 from llm_gateway.keys import KeyRecord
-from llm_gateway.metering import UsageRecord
-from llm_gateway.migrations import MIGRATIONS
 from llm_gateway.stores import StoreUnavailable
+from llm_gateway.stores.migrations import MIGRATIONS
 
 T = TypeVar("T")
 Connection = psycopg.AsyncConnection[tuple[Any, ...]]

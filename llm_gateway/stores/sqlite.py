@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
+from llm_gateway.billing.metering import UsageRecord
 from llm_gateway.keys import KeyRecord
-from llm_gateway.metering import UsageRecord
-from llm_gateway.migrations import MIGRATIONS
+from llm_gateway.stores.migrations import MIGRATIONS
 
 T = TypeVar("T")
 

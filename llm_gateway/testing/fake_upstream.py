@@ -15,7 +15,7 @@ What it speaks, under ``api_prefix`` (default ``/api/v1``, like ``https://api.ve
 Every endpoint requires ``Authorization: Bearer <api_key>``. Failures are injected with
 :meth:`FakeUpstream.push_fault`; every request is recorded in :attr:`FakeUpstream.requests`.
 
-Run it standalone with ``python -m llm_gateway.fake_upstream --port 3001``.
+Run it standalone with ``python -m llm_gateway.testing.fake_upstream --port 3001``.
 """
 
 import argparse
@@ -40,7 +40,7 @@ import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-from llm_gateway.asgi_lifespan import answer_lifespan
+from llm_gateway.asgi_types import answer_lifespan
 
 __all__ = [
     "BILLING_SECRET",
@@ -902,7 +902,7 @@ def serve_fake_upstream(host: str, port: int, **fake_options: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m llm_gateway.fake_upstream",
+        prog="python -m llm_gateway.testing.fake_upstream",
         description="Run the fake OpenAI/Venice-compatible upstream.",
     )
     parser.add_argument("--host", default="127.0.0.1")

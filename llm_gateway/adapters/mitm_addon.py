@@ -1,4 +1,4 @@
-"""The gateway as a mitmproxy addon: the mitmproxy twin of ``asgi_middleware``.
+"""The gateway as a mitmproxy addon: the mitmproxy twin of the ASGI adapter.
 
 It translates flows into the engine's ``IncomingRequest`` and the engine's answers back
 into flows; every rule (which hosts are LLM hosts, which paths may be forwarded, keys,
@@ -38,8 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,9 +49,14 @@ from mitmproxy.net import encoding
 from mitmproxy.net.http import url as mitm_url
 from mitmproxy.proxy.mode_specs import ReverseMode
 
+from llm_gateway import errors
+from llm_gateway.adapters.mitm_stream import IncrementalDecoder, SseRelay, stream_framing
 from llm_gateway.config import ConfigError, load_settings
-from llm_gateway.engine import Exchange, Gateway, IncomingRequest, gateway_failure
+from llm_gateway.engine import Gateway
 from llm_gateway.errors import Rejection
+from llm_gateway.exchange import Exchange
+from llm_gateway.messages import IncomingRequest
+from llm_gateway.wiring import build_gateway
 
 log = logging.getLogger("llm_gateway.sidecar")
 
@@ -80,7 +84,7 @@ class _LlmFlow:
     client_headers: list[tuple[str, str]] | None = None
 
 
-class LlmGateway:
+class GatewayAddon:
     """mitmproxy addon: gateway keys, limits, routing and metering on LLM traffic.
 
     ``llm-gateway sidecar`` passes the engine it built; under ``mitmdump -s`` the addon
@@ -113,7 +117,7 @@ class LlmGateway:
         if self._gateway is None:
             try:
                 settings = load_settings(config_file=ctx.options.llm_gateway_config)
-                self._gateway = Gateway(settings)
+                self._gateway = build_gateway(settings)
             except ConfigError as exc:
                 raise exceptions.OptionsError(f"llm-gateway: {exc}") from None
         elif "llm_gateway_config" in updated and ctx.options.llm_gateway_config:
@@ -228,7 +232,7 @@ class LlmGateway:
         path, _, query = request.path.partition("?")
         relative = self.engine().path_under_root(state.api_root, path)
         if relative is None:
-            _answer(flow, self.engine().endpoint_not_allowed(request.method, path))
+            _answer(flow, errors.endpoint_not_allowed(request.method, path))
             return
         body = request.raw_content or b""
         admitted = await self.engine().admit(IncomingRequest(
@@ -276,7 +280,7 @@ class LlmGateway:
         timer = loop.call_later(_DISCONNECT_POLL_SECONDS, watch)
         chunks = None
         try:
-            response = await exchange.respond()
+            response = await self.engine().respond(exchange)
             body, chunks = response.body, response.chunks
             if chunks is not None:
                 # A stream the caller did not ask for: read whole, through the observer.
@@ -318,14 +322,14 @@ class LlmGateway:
             )
             if exchange.is_sse:
                 identity = content_encoding in _IDENTITY_ENCODINGS
-                decoder = None if identity else _IncrementalDecoder.for_encoding(content_encoding)
+                decoder = None if identity else IncrementalDecoder.for_encoding(content_encoding)
                 if not identity and decoder is None:
                     # An encoding this adapter cannot undo: relay it as it is, labelled.
                     client_headers.append(("content-encoding", content_encoding))
                 client_headers.extend(
-                    _stream_framing(response.headers, decoded=decoder is not None)
+                    stream_framing(response.headers, decoded=decoder is not None)
                 )
-                response.stream = _SseRelay(exchange, decoder)
+                response.stream = SseRelay(exchange, decoder)
                 # Sent now, as the stream starts.
                 response.headers = _mitm_headers(client_headers)
             else:
@@ -398,69 +402,6 @@ class LlmGateway:
 # ---- translation helpers ---------------------------------------------------------------
 
 
-class _SseRelay:
-    """``flow.response.stream``: every byte goes to the client as it arrives, unchanged
-    (decoded if the provider compressed it anyway), and to the engine's SSE observer."""
-
-    __slots__ = ("decoder", "exchange")
-
-    def __init__(self, exchange: Exchange, decoder: _IncrementalDecoder | None) -> None:
-        self.exchange = exchange
-        self.decoder = decoder
-
-    def __call__(self, chunk: bytes) -> bytes:
-        data = chunk
-        if self.decoder is not None:
-            try:
-                # mitmproxy calls with b"" once at the end: the decoder's remainder.
-                data = self.decoder.feed(chunk) if chunk else self.decoder.flush()
-            except Exception:
-                log.warning("llm-gateway: undecodable stream from the upstream")
-                self.exchange.fail(502, "upstream_broken_response")
-                return b""
-        if data:
-            try:
-                self.exchange.on_chunk(data)
-            except Exception:
-                # Observation is best effort here: the client's bytes must flow regardless.
-                log.exception("llm-gateway: SSE observer failed")
-        return data
-
-
-class _IncrementalDecoder:
-    """Undoes a content-encoding chunk by chunk (the engine asks for identity; not every
-    provider listens)."""
-
-    def __init__(self, feed: Callable[[bytes], bytes], flush: Callable[[], bytes]) -> None:
-        self.feed = feed
-        self.flush = flush
-
-    @classmethod
-    def for_encoding(cls, content_encoding: str) -> _IncrementalDecoder | None:
-        """A decoder, or None for an encoding it cannot undo."""
-        if content_encoding in ("gzip", "x-gzip", "deflate"):
-            # 32 + MAX_WBITS reads gzip and zlib headers alike.
-            inflater = zlib.decompressobj(32 + zlib.MAX_WBITS)
-            return cls(inflater.decompress, inflater.flush)
-        if content_encoding == "br":
-            import brotli
-
-            brotli_decoder = brotli.Decompressor()
-            return cls(brotli_decoder.process, lambda: b"")
-        return None
-
-
-def _stream_framing(upstream: http.Headers, *, decoded: bool) -> list[tuple[str, str]]:
-    """The client's framing for a relayed stream: the upstream's own, unless decoding
-    changed the length. mitmproxy reads it from the same headers to decide whether the
-    upstream connection can be reused, so it must stay true to what the upstream sent.
-    (HTTP/2 clients get frames: mitmproxy drops transfer-encoding for them.)"""
-    content_length = upstream.get("content-length")
-    if content_length and "transfer-encoding" not in upstream and not decoded:
-        return [("content-length", content_length)]
-    return [("transfer-encoding", "chunked")]
-
-
 def _forwarded(flow: http.HTTPFlow) -> _LlmFlow | None:
     state = flow.metadata.get(_STATE_KEY)
     return state if isinstance(state, _LlmFlow) and state.forwarded else None
@@ -483,7 +424,7 @@ def _answer(flow: http.HTTPFlow, rejection: Rejection) -> None:
 
 def _answer_failure(flow: http.HTTPFlow, status: int = 500) -> None:
     try:
-        failure = gateway_failure()
+        failure = errors.gateway_error()
         failure.status = status
         _answer(flow, failure)
     except Exception:

@@ -11,18 +11,13 @@ time from their server, never from a replica's own clock.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from llm_gateway.config import FailurePolicy, Settings
 from llm_gateway.outage import Outage
-
-if TYPE_CHECKING:
-    from llm_gateway.stores import Store
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +35,12 @@ class LimitDecision:
             ("x-ratelimit-reset-requests", format_reset(self.reset_after)),
         ]
         if not self.allowed:
-            headers.append(("retry-after", str(max(1, math.ceil(self.reset_after)))))
+            headers.append(("retry-after", str(self.retry_after())))
         return headers
+
+    def retry_after(self) -> int:
+        """Whole seconds until the window ends (at least 1), for Retry-After."""
+        return max(1, math.ceil(self.reset_after))
 
 
 def format_reset(seconds: float) -> str:
@@ -70,7 +69,15 @@ def bucket_name(key_id: str, limit: int, window_seconds: int) -> str:
 
 
 class RateLimiter(Protocol):
+    backend: str
+    # The backend's health as this process sees it; None for a limiter with nothing
+    # shared to lose (in process).
+    outage: Outage | None
+
     async def take(self, key_id: str, limit: int, window_seconds: int) -> LimitDecision: ...
+    async def check(self) -> bool:
+        """Ask the backend now (for /readyz); True when it answers."""
+        ...
     async def close(self) -> None: ...
 
 
@@ -115,6 +122,9 @@ class FixedWindowCounter:
 class MemoryRateLimiter:
     """One process's limits. Exact within the process: the event loop serialises take()."""
 
+    backend = "memory"
+    outage = None
+
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._counter = FixedWindowCounter()
@@ -123,98 +133,8 @@ class MemoryRateLimiter:
         bucket = bucket_name(key_id, limit, window_seconds)
         return self._counter.take(bucket, limit, window_seconds, self._clock())
 
-    async def close(self) -> None:
-        return None
-
-
-# While a backend is down, one request per interval tries it again (the rest do not
-# wait on it), so a replica notices the backend's return within about this long.
-RETRY_INTERVAL_SECONDS = 1.0
-
-
-class FailoverRateLimiter:
-    """A shared limiter under the operator's failure policy.
-
-    fail-open: while the backend is down, an in-process limiter answers (each replica
-    then allows up to the limit on its own). fail-closed: ``LimiterUnavailable``, which
-    the engine answers with 503. Either way the backend is tried again, one request per
-    ``retry_interval``, and used again as soon as it answers: no restart needed.
-    """
-
-    def __init__(
-        self,
-        shared: SharedRateLimiter,
-        policy: FailurePolicy,
-        *,
-        fallback: RateLimiter | None = None,
-        retry_interval: float = RETRY_INTERVAL_SECONDS,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.shared = shared
-        self.policy = policy
-        self.fallback = fallback or MemoryRateLimiter()
-        self._retry_interval = retry_interval
-        self._clock = clock
-        self._next_try = 0.0
-        substitute = (
-            "counting in process until it is back" if policy is FailurePolicy.FAIL_OPEN
-            else "refusing requests with 503 until it is back"
-        )
-        self.outage = Outage("rate_limiter", shared.backend, substitute=substitute, clock=clock)
-
-    @property
-    def backend(self) -> str:
-        return self.shared.backend
-
-    async def take(self, key_id: str, limit: int, window_seconds: int) -> LimitDecision:
-        now = self._clock()
-        if not self.outage.is_down or now >= self._next_try:
-            # Claim the retry before awaiting: concurrent requests must not pile onto a
-            # backend that is down (each would wait out its timeout).
-            self._next_try = now + self._retry_interval
-            try:
-                decision = await self.shared.take(key_id, limit, window_seconds)
-            except LimiterUnavailable as exc:
-                self.outage.failed(exc.__cause__ or exc)
-            else:
-                self.outage.recovered()
-                return decision
-        if self.policy is FailurePolicy.FAIL_CLOSED:
-            raise LimiterUnavailable(self.backend)
-        self.outage.substituted()
-        return await self.fallback.take(key_id, limit, window_seconds)
-
     async def check(self) -> bool:
-        """Ask the backend directly (for /readyz); True when it answers."""
-        try:
-            await asyncio.wait_for(self.shared.ping(), timeout=2.0)
-        except Exception as exc:  # any failure to answer a ping is "not available"
-            self.outage.failed(exc)
-            return False
-        self.outage.recovered()
-        self._next_try = 0.0
         return True
 
     async def close(self) -> None:
-        await self.shared.close()
-        await self.fallback.close()
-
-
-def open_limiter(settings: Settings, store: Store) -> RateLimiter:
-    """The limiter the settings name: Redis when REDIS_URL is set, else the Postgres
-    fixed window when the store is Postgres, else in-process counting."""
-    if settings.redis_url:
-        from llm_gateway.limits_redis import RedisRateLimiter
-
-        return FailoverRateLimiter(
-            RedisRateLimiter(settings.redis_url), settings.rate_limit_failure_policy
-        )
-    if settings.database_url.startswith(("postgresql:", "postgres:")):
-        from llm_gateway.limits_postgres import PostgresRateLimiter
-        from llm_gateway.stores.postgres import PostgresStore
-
-        if isinstance(store, PostgresStore):
-            return FailoverRateLimiter(
-                PostgresRateLimiter(store), settings.rate_limit_failure_policy
-            )
-    return MemoryRateLimiter()
+        return None

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
-log = logging.getLogger("llm_gateway.metering")
+log = logging.getLogger("llm_gateway.billing")
 
 
 @dataclass(slots=True)

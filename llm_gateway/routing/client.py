@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from llm_gateway.config import Secret
+from llm_gateway.errors import UpstreamFailure
 
 # Statuses worth another attempt: the provider said "not now", not "no".
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -51,20 +52,9 @@ class Upstream:
         return ceiling / 2 + random.uniform(0, ceiling / 2)
 
 
-class UpstreamFailure(Exception):
-    """The upstream could not be reached, did not answer in time, or broke off."""
-
-    def __init__(self, status: int, code: str, message: str, attempts: int = 1) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.attempts = attempts
-
-
 def _timed_out(name: str, attempts: int = 1) -> UpstreamFailure:
     return UpstreamFailure(
-        504, "upstream_timeout", f"The upstream provider '{name}' did not answer in time.",
-        attempts,
+        "upstream_timeout", f"The upstream provider '{name}' did not answer in time.", attempts
     )
 
 
@@ -109,7 +99,7 @@ class UpstreamResponse:
             raise _timed_out(self._upstream.name) from None
         except aiohttp.ClientError:
             raise UpstreamFailure(
-                502, broken_code,
+                broken_code,
                 f"The upstream provider '{self._upstream.name}' broke off its answer.",
             ) from None
 
@@ -198,7 +188,7 @@ class UpstreamClient:
                     await asyncio.sleep(upstream.backoff(attempt - 1))
                     continue
                 raise UpstreamFailure(
-                    502, "upstream_unreachable",
+                    "upstream_unreachable",
                     f"The upstream provider '{upstream.name}' could not be reached.",
                     attempt + 1,
                 ) from None

@@ -39,12 +39,13 @@ from mitmproxy.addons import (
 )
 from mitmproxy.master import Master
 
-from llm_gateway.ca import install_for_mitmproxy, load_or_create_ca, write_ca_bundle
-from llm_gateway.config import Settings
+from llm_gateway import errors
+from llm_gateway.adapters.ca import install_for_mitmproxy, load_or_create_ca, write_ca_bundle
+from llm_gateway.adapters.mitm_addon import GatewayAddon
+from llm_gateway.config import HostPort, Settings, host_port_argument
 from llm_gateway.engine import Gateway
-from llm_gateway.errors import error_body
-from llm_gateway.mitm_addon import LlmGateway
 from llm_gateway.stores import StoreUnavailable
+from llm_gateway.wiring import build_gateway
 
 log = logging.getLogger("llm_gateway.sidecar")
 
@@ -58,18 +59,11 @@ ADMIN_READ_TIMEOUT_SECONDS = 5.0
 
 @dataclass(frozen=True, slots=True)
 class SidecarArguments:
-    listen: tuple[str, int]
-    admin: tuple[str, int]
+    listen: HostPort
+    admin: HostPort
     mode: str
     ca_dir: Path | None
     ca_bundle_out: Path | None
-
-
-def _address(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host.strip("[]"), int(port)
 
 
 def parse_arguments(argv: Sequence[str]) -> SidecarArguments:
@@ -77,9 +71,9 @@ def parse_arguments(argv: Sequence[str]) -> SidecarArguments:
         prog="llm-gateway sidecar",
         description="mitmproxy with the gateway addon: apps set HTTPS_PROXY, nothing else.",
     )
-    parser.add_argument("--listen", type=_address, default=("127.0.0.1", 8080),
+    parser.add_argument("--listen", type=host_port_argument, default=HostPort("127.0.0.1", 8080),
                         metavar="HOST:PORT", help="the proxy (default 127.0.0.1:8080)")
-    parser.add_argument("--admin", type=_address, default=("127.0.0.1", 9090),
+    parser.add_argument("--admin", type=host_port_argument, default=HostPort("127.0.0.1", 9090),
                         metavar="HOST:PORT", help="/healthz and /readyz (default 127.0.0.1:9090)")
     parser.add_argument("--mode", choices=MODES, default="regular",
                         help="regular: HTTPS_PROXY; reverse: a plain-HTTP base URL")
@@ -138,15 +132,15 @@ class AdminServer:
 
     async def _answer(self, method: str, path: str) -> tuple[int, bytes]:
         if method not in ("GET", "HEAD"):
-            return 405, error_body("Only GET.", "invalid_request_error", "method_not_allowed")
+            return 405, errors.error_body_for("method_not_allowed", "Only GET.")
         if path == "/healthz":
             return 200, b'{"status":"ok"}'
         if path == "/readyz":
             problem = await self._sidecar.not_ready_because()
             if problem is None:
                 return 200, b'{"status":"ready"}'
-            return 503, error_body(problem, "service_unavailable", "not_ready")
-        return 404, error_body(f"No route for {path}.", "invalid_request_error", "not_found")
+            return 503, errors.error_body_for("not_ready", problem)
+        return 404, errors.not_found(method, path).body
 
 
 class StartupErrorCheck(errorcheck.ErrorCheck):
@@ -187,7 +181,7 @@ class Sidecar:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         self.gateway = gateway
-        self.addon = LlmGateway(gateway)
+        self.addon = GatewayAddon(gateway)
         self.mode = mode
         self.listen = listen
         self.admin = admin
@@ -311,7 +305,7 @@ async def _serve(arguments: SidecarArguments, settings: Settings, runtime_dir: P
     # Built on mitmproxy's loop: the engine's store executor, writer task and locks
     # belong to the loop that runs the hooks.
     sidecar = Sidecar(
-        Gateway(settings), mode=arguments.mode, listen=arguments.listen,
+        build_gateway(settings), mode=arguments.mode, listen=arguments.listen,
         admin=arguments.admin, confdir=runtime_dir, ca_bundle=arguments.ca_bundle_out,
     )
     loop = asyncio.get_running_loop()

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
-from llm_gateway.asgi_lifespan import answer_lifespan
+from llm_gateway.asgi_types import answer_lifespan
 
 logger = logging.getLogger("llm_gateway.injector")
 

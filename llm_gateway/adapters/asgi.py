@@ -1,0 +1,201 @@
+"""ASGI adapter: GatewayMiddleware(app) and the standalone gateway app.
+
+Pure ASGI (no BaseHTTPMiddleware): the request body is read once, with its size limit;
+responses are passed to ``send`` chunk by chunk as the engine yields them, so a stream
+is never buffered. Everything about policy is the engine's; this module translates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from llm_gateway import errors
+from llm_gateway.asgi_types import (
+    ASGIApp,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    answer_lifespan,
+    encode_headers,
+    send_body,
+)
+from llm_gateway.config import Settings, load_settings
+from llm_gateway.engine import Gateway
+from llm_gateway.errors import Rejection
+from llm_gateway.exchange import Exchange
+from llm_gateway.messages import IncomingRequest
+from llm_gateway.stores import StoreUnavailable
+from llm_gateway.wiring import build_gateway
+
+__all__ = ["GatewayMiddleware", "create_app"]
+
+ADAPTER_NAME = "asgi"
+_JSON = [("content-type", "application/json")]
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def _send_rejection(send: Send, rejection: Rejection) -> None:
+    await send_body(send, rejection.status, rejection.body, rejection.all_headers())
+
+
+class GatewayMiddleware:
+    """Serves the gateway under ``prefix`` (default ``/v1``) plus ``/healthz``,
+    ``/readyz`` and ``/metrics``; every other request goes to the wrapped app."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        gateway: Gateway | None = None,
+        *,
+        settings: Settings | None = None,
+        prefix: str | None = None,
+    ) -> None:
+        self.app = app
+        self.gateway = gateway or build_gateway(settings or load_settings())
+        chosen = prefix if prefix is not None else self.gateway.settings.api_prefix
+        self.prefix = chosen.rstrip("/")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            path: str = scope["path"]
+            if path.startswith(self.prefix + "/"):
+                relative = path[len(self.prefix):]
+                if self.gateway.endpoint_for(scope["method"], relative) is not None:
+                    await self._serve(scope, receive, send, relative)
+                    return
+            elif path == "/healthz":
+                await send_body(send, 200, b'{"status":"ok"}', _JSON)
+                return
+            elif path == "/metrics":
+                body, content_type = self.gateway.telemetry.metrics()
+                await send_body(send, 200, body, [("content-type", content_type)])
+                return
+            elif path == "/readyz":
+                # 200 "ready" or "degraded" (fail-open keeps serving: stay in rotation),
+                # 503 "unavailable" (fail-closed refuses), with each backend's state.
+                readiness = await self.gateway.readiness()
+                await send_body(send, 200 if readiness.ready else 503, readiness.body(), _JSON)
+                return
+        elif kind == "lifespan":
+            await self.app(scope, self._lifespan_receive(receive, send), send)
+            return
+        await self.app(scope, receive, send)
+
+    def _lifespan_receive(self, receive: Receive, send: Send) -> Receive:
+        async def wrapped() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.gateway.start()
+                except StoreUnavailable as exc:
+                    # Told to the server, which logs the one line and exits: a store down
+                    # at start-up is an operator's matter, not a traceback.
+                    await self.gateway.close()
+                    await send({"type": "lifespan.startup.failed",
+                                "message": f"cannot start: the key store is unreachable ({exc})"})
+                    raise
+            elif message["type"] == "lifespan.shutdown":
+                await self.gateway.close()
+            return message
+
+        return wrapped
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
+        headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]]
+        try:
+            body = await self._read_body(receive, headers)
+        except _BodyTooLarge:
+            await _send_rejection(send, self.gateway.body_too_large())
+            return
+        except _ClientGone:
+            return
+        request = IncomingRequest(
+            method=scope["method"], path=path, headers=headers, body=body,
+            adapter=ADAPTER_NAME, query=scope.get("query_string", b"").decode("latin-1"),
+        )
+        admitted = await self.gateway.admit(request)
+        if isinstance(admitted, Rejection):
+            await _send_rejection(send, admitted)
+            return
+        await self._relay(admitted, receive, send)
+
+    async def _read_body(self, receive: Receive, headers: list[tuple[str, str]]) -> bytes:
+        limit = self.gateway.settings.request_body_limit_bytes
+        for name, value in headers:
+            if name == "content-length" and value.isdigit() and int(value) > limit:
+                raise _BodyTooLarge
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _BodyTooLarge
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts)
+
+    async def _relay(self, exchange: Exchange, receive: Receive, send: Send) -> None:
+        # ASGI servers drop writes to a vanished client silently, so a watcher on
+        # `receive` is the one reliable signal: it cancels the relay, which closes the
+        # upstream response and lets finish() record the disconnect.
+        relay_task = asyncio.current_task()
+        assert relay_task is not None
+        gone = False
+
+        async def watch_disconnect() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            relay_task.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(watch_disconnect())
+        response = None
+        try:
+            response = await self.gateway.respond(exchange)
+            if response.chunks is None:
+                await send_body(send, response.status, response.body, response.headers)
+            else:
+                await send({"type": "http.response.start", "status": response.status,
+                            "headers": encode_headers(response.headers)})
+                async for chunk in response.chunks:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b""})
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            relay_task.uncancel()
+        finally:
+            watcher.cancel()
+            if response is not None and response.chunks is not None:
+                await response.chunks.aclose()  # type: ignore[attr-defined]
+            exchange.finish(client_disconnected=gone)
+
+
+async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] == "lifespan":
+        await answer_lifespan(receive, send)
+        return
+    if scope["type"] != "http":
+        return
+    await _send_rejection(send, errors.not_found(scope["method"], scope["path"]))
+
+
+def create_app(
+    settings: Settings | None = None, *, gateway: Gateway | None = None, prefix: str | None = None
+) -> GatewayMiddleware:
+    """The standalone gateway: the middleware around an app that answers 404."""
+    return GatewayMiddleware(_not_found, gateway, settings=settings, prefix=prefix)

@@ -1,0 +1,1 @@
+"""The pod-injection webhook (one module for now)."""

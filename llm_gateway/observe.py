@@ -1,0 +1,100 @@
+"""The observe step: what a response says about itself, from a JSON body or an SSE stream.
+
+``ResponseFacts`` collects the response id, the model that answered, finish reasons, usage
+(through the provider's profile) and the first error, from decoded payloads: a whole JSON
+body once, or every chunk of a stream. ``StreamObserver`` feeds it from SSE bytes as they
+are relayed, with the stream's timings. Both only observe: garbage is counted, never
+raised, because a broken upstream frame must not break the relay.
+"""
+
+from __future__ import annotations
+
+import json
+
+from llm_gateway.providers import Profile, Usage
+from llm_gateway.sse import SSEEvent, SSEParser
+
+
+class ResponseFacts:
+    __slots__ = ("_profile", "error", "finish_reasons", "model", "response_id", "usage")
+
+    def __init__(self, profile: Profile) -> None:
+        self._profile = profile
+        self.response_id: str | None = None
+        self.model: str | None = None
+        self.finish_reasons: list[str] = []
+        self.usage: Usage | None = None
+        self.error: dict[str, str | None] | None = None
+
+    def observe(self, payload: dict) -> None:
+        """One decoded body or stream chunk; the first id, model and error win."""
+        if "error" in payload and self.error is None:
+            # The first error is the cause; anything after it is usually fallout.
+            self.error = self._profile.error_in(payload)
+        if self.response_id is None and isinstance(payload.get("id"), str):
+            self.response_id = payload["id"]
+        if not self.model:
+            model = payload.get("model")
+            if isinstance(model, str) and model:
+                self.model = model
+        choices = payload.get("choices")
+        if isinstance(choices, list):
+            for choice in choices:
+                if isinstance(choice, dict):
+                    finish_reason = choice.get("finish_reason")
+                    if isinstance(finish_reason, str):
+                        self.finish_reasons.append(finish_reason)
+        usage = self._profile.usage(payload)
+        if usage is not None:
+            self.usage = usage
+
+
+class StreamObserver(ResponseFacts):
+    """Watches an OpenAI-compatible SSE stream being relayed; the caller relays the
+    original bytes untouched."""
+
+    __slots__ = (
+        "_parser", "done", "event_count", "first_event_at", "last_event_at",
+        "malformed_count", "max_gap",
+    )
+
+    def __init__(self, profile: Profile) -> None:
+        super().__init__(profile)
+        self._parser = SSEParser()
+        self.done = False
+        self.event_count = 0
+        self.malformed_count = 0
+        self.first_event_at: float | None = None
+        self.last_event_at: float | None = None
+        self.max_gap = 0.0
+
+    def feed(self, chunk: bytes, now: float) -> None:
+        """Observe ``chunk``; ``now`` is the caller's time.monotonic() when it arrived."""
+        for event in self._parser.feed(chunk):
+            self._event(event, now)
+
+    def close(self) -> None:
+        for event in self._parser.close():
+            self._event(event, None)
+
+    def _event(self, event: SSEEvent, now: float | None) -> None:
+        self.event_count += 1
+        if now is not None:
+            if self.last_event_at is None:
+                self.first_event_at = now
+            else:
+                self.max_gap = max(self.max_gap, now - self.last_event_at)
+            self.last_event_at = now
+        if event.data == "[DONE]":
+            self.done = True
+            return
+        try:
+            payload = json.loads(event.data)
+        except (ValueError, RecursionError):
+            self.malformed_count += 1
+            return
+        if not isinstance(payload, dict):
+            # Valid JSON, but no OpenAI-compatible frame is anything other than an object.
+            self.malformed_count += 1
+            return
+        self.observe(payload)

@@ -1,0 +1,36 @@
+"""What every provider translator produces, and the interface the engine calls."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token usage as the provider reported it, normalised to OpenAI's names."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    cost_usd: float | None = None  # the provider's own figure, when it sends one (Venice)
+    cost_diem: float | None = None
+
+
+class Profile(Protocol):
+    """One provider's way of speaking the OpenAI-compatible API."""
+
+    name: str
+
+    def usage(self, payload: object) -> Usage | None:
+        """The usage a decoded response, or stream chunk, reports; None when it has none."""
+        ...
+
+    def error_in(self, payload: dict) -> dict[str, str | None] | None:
+        """The error a 200 body or a stream chunk carries, as {"message", "type", "code"};
+        None when it carries none."""
+        ...
+
+    def error_body(self, body: bytes, status: int) -> bytes:
+        """The provider's error body in OpenAI's shape, its own message kept verbatim."""
+        ...

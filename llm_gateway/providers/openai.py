@@ -1,0 +1,105 @@
+"""OpenAI's own API: the reference every other profile translates towards.
+
+Usage arrives as ``usage.prompt_tokens`` / ``completion_tokens`` (some OpenAI-compatible
+servers say ``input_tokens`` / ``output_tokens``); errors are already in OpenAI's shape
+when they come from OpenAI, and anything else (an HTML page from a load balancer, an
+empty body) becomes a message that quotes what arrived.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from llm_gateway.errors import error_body
+from llm_gateway.providers.base import Usage
+
+# OpenAI's error type for a status, for errors that arrive without one.
+_TYPE_BY_STATUS = {
+    401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+    429: "rate_limit_error",
+}
+
+
+def error_type_for_status(status: int) -> str:
+    if status >= 500:
+        return "upstream_error"
+    return _TYPE_BY_STATUS.get(status, "invalid_request_error")
+
+
+class OpenAIProfile:
+    name = "openai"
+
+    def usage(self, payload: object) -> Usage | None:
+        """Anything missing or malformed counts as 0 (tokens) or unknown (cost) instead of
+        failing: metering must never break the relayed response."""
+        if not isinstance(payload, dict):
+            return None
+        usage = payload.get("usage")
+        if not isinstance(usage, dict):
+            return None
+        prompt = token_count(usage.get("prompt_tokens", usage.get("input_tokens")))
+        completion = token_count(usage.get("completion_tokens", usage.get("output_tokens")))
+        reported_total = usage.get("total_tokens")
+        total = token_count(reported_total) if _is_int(reported_total) else prompt + completion
+        return Usage(prompt, completion, total)
+
+    def error_in(self, payload: dict) -> dict[str, str | None] | None:
+        error = payload.get("error")
+        if not isinstance(error, dict):
+            return None  # e.g. "error": null on an otherwise normal frame
+        message = error.get("message")
+        return {
+            "message": message if isinstance(message, str) else json.dumps(error),
+            "type": _optional_str(error.get("type")),
+            "code": _optional_str(error.get("code")),
+        }
+
+    def error_body(self, body: bytes, status: int) -> bytes:
+        payload = json_object(body)
+        if payload is not None:
+            inner = payload.get("error")
+            if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+                return body  # OpenAI's shape already
+            if isinstance(payload.get("message"), str):
+                return error_body(payload["message"], error_type_for_status(status), None)
+        return quoted_error(body, status)
+
+
+def quoted_error(body: bytes, status: int) -> bytes:
+    text = body.decode("utf-8", "replace").strip()[:500] or f"upstream answered HTTP {status}"
+    return error_body(text, error_type_for_status(status), None)
+
+
+def json_object(body: bytes) -> dict | None:
+    try:
+        payload = json.loads(body) if body else None
+    except ValueError:
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int subclass, but `true` is never a token count.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def token_count(value: object) -> int:
+    # A negative count would credit the caller; treat it like any other garbage.
+    return value if _is_int(value) and value > 0 else 0  # type: ignore[return-value]
+
+
+def finite_number(*candidates: object) -> float | None:
+    for value in candidates:
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+    return None
+
+
+def _optional_str(value: object) -> str | None:
+    # Some upstreams send numeric codes (429); keep them, as text, but drop nested junk.
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return None
