@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_gateway.k8s.plan import SIDECAR_UID, InjectorSettings, mutate_pod
+from llm_gateway.k8s import SIDECAR_UID, InjectorSettings, mutate_pod
 from tests.test_k8s_manifests import IMAGE_NAME, KUSTOMIZATIONS, pod_templates, render
 
 REPO = Path(__file__).resolve().parent.parent

@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from llm_gateway.k8s.plan import (
+from llm_gateway.k8s import (
     CA_BUNDLE_FILE,
     SIDECAR_CONTAINER_NAME,
     InjectionRefused,

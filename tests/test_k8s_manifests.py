@@ -32,7 +32,7 @@ import yaml
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
-from llm_gateway.k8s.plan import (
+from llm_gateway.k8s import (
     INJECT_KEY,
     NAMESPACE_OPT_IN_VALUE,
     SIDECAR_CONTAINER_NAME,
