@@ -130,7 +130,8 @@ def cmd_fake_upstream(args: argparse.Namespace) -> int:
 
     host, port = args.listen
     serve_fake_upstream(host, port, api_key=args.api_key, chunk_delay=args.chunk_delay,
-                        chunk_count=args.chunks, usage_mode=args.usage_mode)
+                        chunk_count=args.chunks, usage_mode=args.usage_mode,
+                        auth_header=args.auth_header)
     return 0
 
 
@@ -297,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     fake.add_argument("--chunk-delay", type=float, default=0.0, help="seconds between chunks")
     fake.add_argument("--chunks", type=int, default=8)
     fake.add_argument("--usage-mode", choices=["venice", "openai"], default="venice")
+    fake.add_argument("--auth-header", default="authorization",
+                      help="where the fake expects its key: authorization (Bearer) or a header")
     fake.set_defaults(handler=cmd_fake_upstream)
 
     commands.add_parser(

@@ -1,6 +1,7 @@
 """The fake upstream, exercised over real sockets with httpx and the official openai SDK."""
 
 import base64
+import hmac
 import itertools
 import json
 import logging
@@ -10,11 +11,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 
 import httpx
 import openai
 import pytest
 
+from llm_gateway.testing import fake_app, fake_upstream
+from llm_gateway.testing.fake_errors import OPENAI_CHAT_FIELDS, VENICE_CHAT_FIELDS
 from llm_gateway.testing.fake_upstream import (
     BILLING_SECRET,
     DEFAULT_FAKE_API_KEY,
@@ -235,6 +239,99 @@ def test_wrong_method_on_an_endpoint(venice):
     assert response.headers["allow"] == "POST"
 
 
+# The fields Venice documents for a chat completion (docs.venice.ai, ChatCompletionRequest).
+VENICE_DOCUMENTED = {
+    "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+    "temperature", "top_p", "n", "stop", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "seed", "user", "tools", "tool_choice", "parallel_tool_calls",
+    "response_format", "logprobs", "top_logprobs", "min_p", "top_k", "min_temp", "max_temp",
+    "venice_parameters", "stop_token_ids", "reasoning", "reasoning_effort", "prompt_cache_key",
+    "prompt_cache_retention", "verbosity", "text", "include", "metadata", "store", "fallbacks",
+}
+
+
+def test_venice_refuses_an_unknown_top_level_chat_field_like_zod(venice):
+    fake, base_url = venice
+    body = {**CHAT, "extra": 1, "temperature": 0.5, "foo": None}
+    response = httpx.post(f"{base_url}/chat/completions", json=body, headers=AUTH)
+
+    assert response.status_code == 400
+    message = "Unrecognized key(s) in object: 'extra', 'foo'"
+    assert response.json() == {
+        "error": "Invalid request parameters",
+        "details": {"_errors": [message]},
+        "issues": [
+            {"code": "unrecognized_keys", "keys": ["extra", "foo"], "path": [], "message": message}
+        ],
+    }
+    assert fake.requests[-1].json == body  # still recorded
+
+
+def test_venice_accepts_every_field_it_documents(venice):
+    _, base_url = venice
+    assert VENICE_CHAT_FIELDS == VENICE_DOCUMENTED
+    body = {name: None for name in VENICE_CHAT_FIELDS} | {**CHAT, "stream": False}
+    response = httpx.post(f"{base_url}/chat/completions", json=body, headers=AUTH)
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["message"]["content"] == fake_reply_text(8)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"top_k": 40}, "Unrecognized request argument supplied: top_k"),
+        (
+            {"venice_parameters": {}, "min_p": 0.1},
+            "Unrecognized request arguments supplied: min_p, venice_parameters",
+        ),
+    ],
+)
+def test_openai_refuses_unknown_arguments_like_openai(openai_mode, extra, message):
+    _, base_url = openai_mode
+    response = httpx.post(f"{base_url}/chat/completions", json={**CHAT, **extra}, headers=AUTH)
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+    }
+    with pytest.raises(openai.BadRequestError, match=re.escape(message)):
+        sdk_client(base_url).chat.completions.create(
+            model="gpt-4o", messages=CHAT["messages"], extra_body=extra
+        )
+
+
+def test_each_mode_knows_its_own_provider_fields(venice, openai_mode):
+    _, venice_url = venice
+    _, openai_url = openai_mode
+    openai_only = {"logit_bias": {"50256": -100}, "service_tier": "auto"}
+    venice_only = {"venice_parameters": {"include_venice_system_prompt": False}, "top_k": 40}
+
+    def status(url: str, extra: dict[str, object]) -> int:
+        body = {**CHAT, **extra}
+        return httpx.post(f"{url}/chat/completions", json=body, headers=AUTH).status_code
+
+    assert (status(venice_url, venice_only), status(venice_url, openai_only)) == (200, 400)
+    assert (status(openai_url, openai_only), status(openai_url, venice_only)) == (200, 400)
+    assert "logit_bias" in OPENAI_CHAT_FIELDS
+
+
+def test_sdk_stream_with_every_sampling_option_in_both_modes(venice, openai_mode):
+    for (_, base_url), usage_expected in ((venice, True), (openai_mode, False)):
+        stream = sdk_client(base_url).chat.completions.create(
+            model="llama-3.3-70b", messages=CHAT["messages"], stream=True, temperature=0.2,
+            top_p=0.9, max_completion_tokens=50, stop=["\n"], seed=7, user="u-1", n=1,
+        )
+        chunks = list(stream)
+        assert any(chunk.usage is not None for chunk in chunks) is usage_expected
+
+
+def test_unknown_fields_pass_when_strictness_is_off():
+    fake = FakeUpstream(strict_fields=False)
+    with running_fake_upstream(fake) as (_, base_url):
+        body = {**CHAT, "extra": 1, "logit_bias": {}}
+        response = httpx.post(f"{base_url}/chat/completions", json=body, headers=AUTH)
+    assert response.status_code == 200
+
+
 # --- faults ----------------------------------------------------------------------------------
 
 
@@ -269,6 +366,54 @@ def test_status_fault_in_both_shapes(venice, fault, expected_body):
     # Used up: the next request succeeds.
     assert httpx.post(f"{base_url}/chat/completions", json=CHAT, headers=AUTH).status_code == 200
     assert fake.pending_faults == []
+
+
+def test_fault_headers_ride_along_with_the_error(venice):
+    fake, base_url = venice
+    fake.push_fault(
+        Fault(
+            status=429,
+            retry_after="30",
+            headers={"x-ratelimit-reset-requests": "30s", "X-Request-Id": "req_123"},
+        )
+    )
+    failed = httpx.post(f"{base_url}/chat/completions", json=CHAT, headers=AUTH)
+    assert failed.status_code == 429
+    assert failed.headers["retry-after"] == "30"
+    assert failed.headers["x-ratelimit-reset-requests"] == "30s"
+    assert failed.headers["x-request-id"] == "req_123"
+    assert failed.headers["content-type"] == "application/json"
+    assert failed.json() == {"error": "Upstream failure injected by the fake"}
+
+
+def test_fault_body_is_sent_verbatim(venice):
+    fake, base_url = venice
+    # An upstream that echoes the credentials it was given: a gateway must not pass that on.
+    echo = f'{{"error":"invalid key {AUTH["authorization"]}"}}'.encode()
+    fake.push_fault(Fault(status=401, body=echo))
+    failed = httpx.post(f"{base_url}/chat/completions", json=CHAT, headers=AUTH)
+    assert (failed.status_code, failed.content) == (401, echo)
+    assert failed.headers["content-type"] == "application/json"
+    assert failed.headers["content-length"] == str(len(echo))
+
+    html = b"<html><body>502 Bad Gateway</body></html>"
+    fake.push_fault(Fault(status=502, body=html, headers={"Content-Type": "text/html"}))
+    failed = httpx.get(f"{base_url}/models", headers=AUTH)
+    assert (failed.status_code, failed.content) == (502, html)
+    assert failed.headers.get_list("content-type") == ["text/html"]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"headers": {"x-a": "1"}},
+        {"body": b"{}"},
+        {"status": 500, "headers": {"Content-Length": "3"}},
+    ],
+)
+def test_fault_dressing_needs_a_status_and_leaves_the_length_alone(options):
+    with pytest.raises(ValueError):
+        Fault(**options)
 
 
 def test_sdk_raises_with_the_fault_message(venice):
@@ -399,6 +544,75 @@ def test_bad_credentials_in_openai_mode(openai_mode):
     with pytest.raises(openai.AuthenticationError) as raised:
         client.models.list()
     assert raised.value.code == "invalid_api_key"
+
+
+def test_the_scheme_is_case_insensitive_and_the_key_is_not():
+    key = "sk-MiXeD-Case-Key"
+    with running_fake_upstream(FakeUpstream(api_key=key)) as (_, base_url):
+
+        def status(authorization: str) -> int:
+            headers = {"authorization": authorization}
+            return httpx.get(f"{base_url}/models", headers=headers).status_code
+
+        for scheme in ("Bearer", "bearer", "BEARER"):
+            assert status(f"{scheme} {key}") == 200
+        for wrong in (key.lower(), key.upper(), key + "x", key[:-1]):
+            assert status(f"Bearer {wrong}") == 401
+        assert status(f"Basic {key}") == 401
+        assert status(key) == 401
+        client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
+        assert client.models.list().data
+
+
+def test_the_key_is_compared_in_constant_time(venice, monkeypatch):
+    _, base_url = venice
+    compared: list[tuple[bytes, bytes]] = []
+
+    def spy(presented: bytes, expected: bytes) -> bool:
+        compared.append((presented, expected))
+        return hmac.compare_digest(presented, expected)
+
+    monkeypatch.setattr(fake_app, "hmac", SimpleNamespace(compare_digest=spy))
+    assert httpx.get(f"{base_url}/models", headers=AUTH).status_code == 200
+    assert compared == [(DEFAULT_FAKE_API_KEY.encode(), DEFAULT_FAKE_API_KEY.encode())]
+
+
+@pytest.mark.parametrize("auth_header", ["api-key", "X-Api-Key"])
+def test_the_key_in_another_header(auth_header):
+    key = "Azure-Key-0123"
+    name = auth_header.lower()
+    fake = FakeUpstream(api_key=key, auth_header=auth_header, usage_mode="openai")
+    with running_fake_upstream(fake) as (_, base_url):
+        ok = httpx.post(f"{base_url}/chat/completions", json=CHAT, headers={name: key})
+        assert ok.status_code == 200
+        assert fake.requests[-1].headers[name] == key
+        assert "authorization" not in fake.requests[-1].headers
+
+        refused = [
+            {"authorization": f"Bearer {key}"},  # only the usual header: not where it is expected
+            {name: f"Bearer {key}"},  # this header carries the bare key
+            {name: key.lower()},
+            {},
+        ]
+        for headers in refused:
+            response = httpx.post(f"{base_url}/chat/completions", json=CHAT, headers=headers)
+            assert response.status_code == 401, headers
+            assert response.json()["error"]["code"] == "invalid_api_key"
+            assert fake.requests[-1].headers.items() >= headers.items()  # recorded as sent
+
+        # The SDK always sends Authorization too; the record shows which header held the key.
+        client = openai.OpenAI(
+            base_url=base_url, api_key="not-this-one", default_headers={name: key}, max_retries=0
+        )
+        client.chat.completions.create(model="gpt-4o", messages=CHAT["messages"])
+        seen = fake.requests[-1].headers
+        assert (seen[name], seen["authorization"]) == (key, "Bearer not-this-one")
+
+
+@pytest.mark.parametrize("auth_header", ["", "api key", "x-key:"])
+def test_auth_header_must_be_a_header_name(auth_header):
+    with pytest.raises(ValueError, match="auth_header"):
+        FakeUpstream(auth_header=auth_header)
 
 
 def test_a_fault_is_not_used_up_by_an_unauthenticated_request(venice):
@@ -562,6 +776,38 @@ def test_command_line_entry_point():
         ).json()
         assert completion["choices"][0]["message"]["content"] == fake_reply_text(2)
         assert "cost" not in completion["usage"]
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def test_every_public_name_imports_from_fake_upstream():
+    exported = {name: getattr(fake_upstream, name) for name in fake_upstream.__all__}
+    assert exported["FakeUpstream"] is FakeUpstream
+    assert exported["Fault"] is Fault
+    assert len(exported) == 15
+
+
+def test_command_line_key_in_another_header():
+    command = [
+        sys.executable,
+        "-m",
+        "llm_gateway.testing.fake_upstream",
+        "--port",
+        "0",
+        "--api-key",
+        "Key-CLI",
+        "--auth-header",
+        "x-api-key",
+    ]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr is not None
+        match = re.search(r"(http://\S+)", process.stderr.readline())
+        assert match
+        models_url = f"{match.group(1)}/models"
+        assert httpx.get(models_url, headers={"x-api-key": "Key-CLI"}).status_code == 200
+        assert httpx.get(models_url, headers={"authorization": "Bearer Key-CLI"}).status_code == 401
     finally:
         process.terminate()
         process.wait(timeout=10)

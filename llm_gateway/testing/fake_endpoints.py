@@ -1,0 +1,216 @@
+"""The endpoints the fake upstream implements: chat completions (JSON or SSE), embeddings and
+the model catalogue, each answering one authenticated :class:`Exchange`."""
+
+import base64
+import json
+import struct
+import time
+import urllib.parse
+
+from llm_gateway.testing.fake_content import (
+    DEFAULT_EMBEDDING_DIMENSIONS,
+    WORDS_PER_CHUNK,
+    ChatReply,
+    count_words,
+    fake_embedding,
+    fake_reply_chunk,
+    models_payload,
+    prompt_word_count,
+    usage_payload,
+)
+from llm_gateway.testing.fake_errors import CHAT_FIELDS_BY_MODE, unknown_fields_payload
+from llm_gateway.testing.fake_exchange import Exchange, encode_json, send_json
+from llm_gateway.testing.fake_faults import DeliberateConnectionCut, Fault
+
+# Which header makes the fake deviate from its configured stream shape for one request. Gateways
+# forward unknown headers untouched, so tests can steer the fake through a gateway with them.
+CHUNK_COUNT_HEADER = "x-fake-chunks"
+CHUNK_DELAY_MS_HEADER = "x-fake-chunk-delay-ms"
+
+# What Fault.malformed_frame slips into a stream: looks like a JSON frame, does not parse.
+MALFORMED_SSE_FRAME = b"data: {not json\n\n"
+SSE_DONE_FRAME = b"data: [DONE]\n\n"
+
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+]
+
+
+def stream_settings(
+    headers: dict[str, str], chunk_count: int, chunk_delay: float
+) -> tuple[int, float] | str:
+    """(chunk count, chunk delay) after per-request header overrides, or a problem."""
+    try:
+        if CHUNK_COUNT_HEADER in headers:
+            chunk_count = int(headers[CHUNK_COUNT_HEADER])
+        if CHUNK_DELAY_MS_HEADER in headers:
+            chunk_delay = float(headers[CHUNK_DELAY_MS_HEADER]) / 1000
+    except ValueError:
+        return f"{CHUNK_COUNT_HEADER} and {CHUNK_DELAY_MS_HEADER} must be numbers"
+    if chunk_count < 0 or chunk_delay < 0:
+        return f"{CHUNK_COUNT_HEADER} and {CHUNK_DELAY_MS_HEADER} must not be negative"
+    return chunk_count, chunk_delay
+
+
+async def chat_completions(
+    exchange: Exchange,
+    fault: Fault | None,
+    *,
+    chunk_count: int,
+    chunk_delay: float,
+    strict_fields: bool,
+) -> None:
+    request = exchange.body_json
+    if not isinstance(request, dict):
+        await exchange.reject("body", "Request body must be a JSON object")
+        return
+    known_fields = CHAT_FIELDS_BY_MODE[exchange.provider]
+    unknown = [name for name in request if name not in known_fields] if strict_fields else []
+    if unknown:
+        await send_json(exchange.send, 400, unknown_fields_payload(exchange.provider, unknown))
+        return
+    model = request.get("model")
+    messages = request.get("messages")
+    if not isinstance(model, str):
+        await exchange.reject("model", "model must be a string")
+        return
+    if not isinstance(messages, list):
+        await exchange.reject("messages", "messages must be an array")
+        return
+    settings = stream_settings(exchange.headers, chunk_count, chunk_delay)
+    if isinstance(settings, str):
+        await exchange.reject("headers", settings)
+        return
+    chunk_count, chunk_delay = settings
+    reply = ChatReply(model=model, chunk_count=chunk_count, created=int(time.time()))
+    venice = exchange.provider == "venice"
+    usage = usage_payload(
+        prompt_word_count(messages), WORDS_PER_CHUNK * chunk_count, with_cost=venice
+    )
+
+    if request.get("stream") is not True:
+        # A non-stream answer takes as long as generating every chunk would have.
+        if chunk_delay > 0 and not await exchange.wait(chunk_delay * chunk_count):
+            return
+        await exchange.send_success(reply.completion(usage), fault)
+        return
+
+    # Venice always ends a stream with usage; OpenAI only when the request asked for it.
+    stream_options = request.get("stream_options")
+    include_usage = venice or (
+        isinstance(stream_options, dict) and stream_options.get("include_usage") is True
+    )
+    await _stream_completion(exchange, fault, reply, chunk_delay, usage if include_usage else None)
+
+
+async def _send_frame(exchange: Exchange, frame: bytes) -> None:
+    # One ASGI message per frame so each one reaches the wire immediately.
+    await exchange.send({"type": "http.response.body", "body": frame, "more_body": True})
+
+
+async def _send_json_frame(exchange: Exchange, payload: object) -> None:
+    await _send_frame(exchange, b"data: " + encode_json(payload) + b"\n\n")
+
+
+async def _end_stream(exchange: Exchange) -> None:
+    await exchange.send({"type": "http.response.body", "body": SSE_DONE_FRAME, "more_body": False})
+
+
+async def _stream_completion(
+    exchange: Exchange,
+    fault: Fault | None,
+    reply: ChatReply,
+    chunk_delay: float,
+    usage: dict[str, object] | None,
+) -> None:
+    await exchange.send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+    if fault is not None and fault.inband_error is not None:
+        # What Venice does when overloaded after it has already committed to a 200.
+        await _send_json_frame(exchange, {"error": fault.inband_error})
+        await _end_stream(exchange)
+        return
+    await _send_json_frame(exchange, reply.chunk({"role": "assistant", "content": ""}, None))
+    if not await _stream_content(exchange, fault, reply, chunk_delay):
+        return
+    await _send_json_frame(exchange, reply.chunk({}, "stop"))
+    if usage is not None:
+        await _send_json_frame(exchange, reply.usage_chunk(usage))
+    await _end_stream(exchange)
+
+
+async def _stream_content(
+    exchange: Exchange, fault: Fault | None, reply: ChatReply, chunk_delay: float
+) -> bool:
+    """Send the content chunks, applying stream faults; False when the client hung up."""
+    chunk_sent_at = exchange.recorded.chunk_sent_at if exchange.recorded is not None else None
+    cut_after = fault.cut_after_chunks if fault is not None else None
+    chunk_count = reply.chunk_count
+    malformed_before = chunk_count // 2 if fault is not None and fault.malformed_frame else -1
+    for index in range(chunk_count):
+        if cut_after is not None and index >= cut_after:
+            raise DeliberateConnectionCut("fake upstream dropped the stream on purpose")
+        if index > 0 and chunk_delay > 0 and not await exchange.wait(chunk_delay):
+            return False
+        if index == malformed_before:
+            await _send_frame(exchange, MALFORMED_SSE_FRAME)
+        await _send_json_frame(exchange, reply.chunk({"content": fake_reply_chunk(index)}, None))
+        if chunk_sent_at is not None:
+            chunk_sent_at.append(time.monotonic())
+    if cut_after is not None:
+        # Asked to cut after at least as many chunks as there are: cut before the ending.
+        raise DeliberateConnectionCut("fake upstream dropped the stream on purpose")
+    if malformed_before == chunk_count:  # only when there are no content chunks at all
+        await _send_frame(exchange, MALFORMED_SSE_FRAME)
+    return True
+
+
+async def embeddings(exchange: Exchange, fault: Fault | None) -> None:
+    request = exchange.body_json
+    if not isinstance(request, dict):
+        await exchange.reject("body", "Request body must be a JSON object")
+        return
+    model = request.get("model")
+    raw_input = request.get("input")
+    dimensions = request.get("dimensions", DEFAULT_EMBEDDING_DIMENSIONS)
+    encoding_format = request.get("encoding_format") or "float"
+    if not isinstance(model, str):
+        await exchange.reject("model", "model must be a string")
+        return
+    # Token-id arrays are accepted too and embedded by their text form.
+    texts = [raw_input] if isinstance(raw_input, str) else raw_input
+    if not isinstance(texts, list) or not texts:
+        await exchange.reject("input", "input must be a string or a non-empty array")
+        return
+    if not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1:
+        await exchange.reject("dimensions", "dimensions must be a positive integer")
+        return
+    if encoding_format not in ("float", "base64"):
+        await exchange.reject("encoding_format", "encoding_format must be float|base64")
+        return
+
+    data: list[dict[str, object]] = []
+    prompt_tokens = 0
+    for index, item in enumerate(texts):
+        text = item if isinstance(item, str) else json.dumps(item)
+        prompt_tokens += count_words(text)
+        vector = fake_embedding(model, text, dimensions)
+        embedding: list[float] | str = vector
+        if encoding_format == "base64":
+            # The openai SDK asks for base64 by default: little-endian float32s.
+            packed = struct.pack(f"<{dimensions}f", *vector)
+            embedding = base64.b64encode(packed).decode("ascii")
+        data.append({"object": "embedding", "index": index, "embedding": embedding})
+    payload = {
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+    await exchange.send_success(payload, fault)
+
+
+async def models(exchange: Exchange, fault: Fault | None) -> None:
+    # Venice filters the catalogue with ?type=text|embedding; without it the fake lists all.
+    wanted_type = urllib.parse.parse_qs(exchange.query).get("type", ["all"])[0]
+    await exchange.send_success(models_payload(wanted_type), fault)

@@ -1,0 +1,166 @@
+"""One request to the fake upstream: reading it, recording it, waiting without outliving its
+client, and the ways of answering it (JSON, an injected error, a fault's broken answer)."""
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from llm_gateway.asgi_types import Receive, Send, encode_headers, send_body
+from llm_gateway.testing.fake_errors import error_payload, validation_error_payload
+from llm_gateway.testing.fake_faults import DeliberateConnectionCut, Fault
+
+_JSON_HEADERS = [("content-type", "application/json")]
+
+
+@dataclass
+class RecordedRequest:
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]  # every header; lower-case names; repeated ones joined with ", "
+    body: bytes
+    json: object | None  # the parsed body, or None when it is empty or not JSON
+    received_at: float  # time.monotonic() once the whole body was read
+    chunk_sent_at: list[float] = field(default_factory=list)  # monotonic, per SSE content chunk
+    # True when the client hung up while the fake was deliberately waiting (fault delay or chunk
+    # delay). Without a delay the fake never waits, so it cannot notice and this stays False.
+    client_hung_up: bool = False
+
+
+async def read_body(receive: Receive) -> bytes:
+    message = await receive()
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        return body  # the common single-message case, without building a list
+    parts = [body]
+    while message.get("more_body", False):
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        parts.append(message.get("body", b""))
+    return b"".join(parts)
+
+
+def header_dict(raw_headers: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in raw_headers:
+        name = raw_name.decode("latin-1").lower()
+        value = raw_value.decode("latin-1")
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return headers
+
+
+def parse_json(body: bytes) -> object | None:
+    if not body:
+        return None
+    try:
+        return json.loads(body)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
+        return None
+
+
+def encode_json(payload: object) -> bytes:
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+async def send_json(
+    send: Send, status: int, payload: object, extra_headers: Sequence[tuple[str, str]] = ()
+) -> None:
+    await send_body(send, status, encode_json(payload), [*_JSON_HEADERS, *extra_headers])
+
+
+async def send_fault_status(send: Send, fault: Fault) -> None:
+    """The injected error: ``fault.body`` verbatim, else ``fault.message`` in ``fault.shape``."""
+    assert fault.status is not None
+    body = fault.body
+    if body is None:
+        body = encode_json(error_payload(fault.shape, fault.status, fault.message))
+    await send_body(send, fault.status, body, fault.error_headers())
+
+
+class ClientPresence:
+    """Lets the fake wait without outliving a client that has hung up.
+
+    Only created when the fake has something to wait for; the watcher task that listens for
+    ``http.disconnect`` is started lazily on the first wait, so undelayed requests pay nothing.
+    """
+
+    __slots__ = ("_hung_up", "_receive", "_watcher")
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._hung_up = asyncio.Event()
+        self._watcher: asyncio.Task[None] | None = None
+
+    async def wait(self, seconds: float) -> bool:
+        """Wait at least ``seconds``; return False as soon as the client hangs up instead."""
+        # A monotonic deadline rather than one plain sleep: event-loop timers may fire a hair
+        # early, and tests assert that chunk gaps are at least the configured delay.
+        deadline = time.monotonic() + seconds
+        if self._watcher is None:
+            self._watcher = asyncio.create_task(self._watch_for_hang_up())
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                await asyncio.wait_for(self._hung_up.wait(), remaining)
+            except TimeoutError:
+                continue
+            return False
+        return not self._hung_up.is_set()
+
+    async def _watch_for_hang_up(self) -> None:
+        # The body has been read already, so the next message is the disconnect (the server also
+        # reports one once the response is complete; by then nobody waits any more).
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        self._hung_up.set()
+
+    def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+
+
+@dataclass
+class Exchange:
+    """One authenticated request in flight: what was asked and how to answer."""
+
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body_json: object | None
+    send: Send
+    presence: ClientPresence
+    recorded: RecordedRequest | None
+    provider: str  # the provider imitated ("venice" or "openai"): the shape of its own errors
+
+    async def wait(self, seconds: float) -> bool:
+        """Wait; False (and noted in the record) when the client hung up meanwhile."""
+        still_connected = await self.presence.wait(seconds)
+        if not still_connected and self.recorded is not None:
+            self.recorded.client_hung_up = True
+        return still_connected
+
+    async def reject(self, param: str, problem: str) -> None:
+        """A 400 for a missing or mistyped request field."""
+        await send_json(self.send, 400, validation_error_payload(self.provider, param, problem))
+
+    async def send_success(self, payload: object, fault: Fault | None) -> None:
+        """Send a 200 JSON answer, or the non-stream counterpart of a stream fault."""
+        if fault is None:
+            await send_json(self.send, 200, payload)
+        elif fault.inband_error is not None:
+            await send_json(self.send, 200, {"error": fault.inband_error})
+        elif fault.malformed_frame:
+            await send_body(self.send, 200, b"{not json", _JSON_HEADERS)
+        elif fault.cut_after_chunks is not None:
+            # Promise the whole body, deliver half, then drop the connection.
+            body = encode_json(payload)
+            headers = encode_headers([*_JSON_HEADERS, ("content-length", str(len(body)))])
+            await self.send({"type": "http.response.start", "status": 200, "headers": headers})
+            half = body[: len(body) // 2]
+            await self.send({"type": "http.response.body", "body": half, "more_body": True})
+            raise DeliberateConnectionCut("fake upstream cut the response body on purpose")
+        else:
+            await send_json(self.send, 200, payload)
