@@ -1,0 +1,130 @@
+"""The Exchange on its own: fed a status line, chunks or a body, and failures, it makes
+exactly one usage record, with what the response said."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from llm_gateway.billing.metering import UsageRecord
+from llm_gateway.config import Secret
+from llm_gateway.exchange import Exchange
+from llm_gateway.keys import new_key_record
+from llm_gateway.limits import LimitDecision
+from llm_gateway.messages import Endpoint, EndpointKind, IncomingRequest
+from llm_gateway.providers import VeniceProfile
+from llm_gateway.routing.client import Upstream
+
+RECORDED = Path(__file__).parent / "recorded"
+CHAT = Endpoint("POST", "/chat/completions", EndpointKind.CHAT)
+MODELS = Endpoint("GET", "/models", EndpointKind.MODELS)
+
+
+def exchange(endpoint: Endpoint = CHAT, *, stream: bool = False, models: tuple[str, ...] = (),
+             headers: list[tuple[str, str]] | None = None,
+             ) -> tuple[Exchange, list[UsageRecord]]:
+    records: list[UsageRecord] = []
+    key, _ = new_key_record(name="unit", subject_id="team-a", now=time.time(),
+                            allowed_models=models)
+    request = IncomingRequest("POST", endpoint.path, headers or [], b"{}", "unit")
+    upstream = Upstream("venice", "https://api.venice.ai/api/v1", Secret("sk-provider"))
+    made = Exchange(request, endpoint, key, LimitDecision(True, 60, 59, 30.0), "llama-3.3-70b",
+                    stream, upstream, VeniceProfile(), lambda record, _: records.append(record))
+    return made, records
+
+
+def test_the_upstream_gets_the_provider_key_and_never_the_callers_credentials() -> None:
+    made, _ = exchange(headers=[("authorization", "Bearer llmg_caller"), ("cookie", "a=b"),
+                                ("x-api-key", "k"), ("x-trace", "1"), ("host", "gw")])
+    assert made.upstream_headers() == [
+        ("x-trace", "1"), ("authorization", "Bearer sk-provider"),
+        ("accept-encoding", "identity")]
+    assert made.upstream_url() == "https://api.venice.ai/api/v1/chat/completions"
+
+
+def test_a_json_answer_is_recorded_from_its_body() -> None:
+    made, records = exchange()
+    headers = made.on_response_start(200, [("Content-Type", "application/json"),
+                                           ("Content-Length", "9"), ("x-ratelimit-x", "1")])
+    assert ("content-length", "9") not in headers and ("x-ratelimit-x", "1") not in headers
+    assert ("x-request-id", made.request_id) in headers
+    body = (RECORDED / "venice_chat_completion.json").read_bytes()
+    assert made.complete_body(body) == body
+    record = made.finish()
+    assert records == [record] and record is not None
+    assert (record.status, record.error_type, record.total_tokens, record.cost_usd) == (
+        200, None, 21, 0.0000336)
+    assert (record.subject_id, record.model, record.finish_reasons) == (
+        "team-a", "llama-3.3-70b", ["stop"])
+
+
+def test_finish_runs_once() -> None:
+    made, records = exchange()
+    made.on_response_start(200, [])
+    made.finish()
+    assert made.finish() is None and made.finish(client_disconnected=True) is None
+    assert len(records) == 1
+
+
+def test_an_upstream_error_is_rewritten_and_recorded() -> None:
+    made, records = exchange()
+    headers = made.on_response_start(401, [("content-type", "text/plain")])
+    assert ("content-type", "application/json") in headers
+    body = made.complete_body(b'{"error": "Authentication failed"}')
+    assert json.loads(body)["error"]["message"] == "Authentication failed"
+    made.finish()
+    assert (records[0].status, records[0].error_type) == (401, "upstream_error")
+
+
+def test_a_stream_is_observed_chunk_by_chunk() -> None:
+    made, records = exchange(stream=True)
+    made.on_response_start(200, [("content-type", "text/event-stream")])
+    data = (RECORDED / "venice_stream.sse").read_bytes()
+    for start in range(0, len(data), 50):
+        made.on_chunk(data[start:start + 50])
+    made.finish()
+    [record] = records
+    assert (record.total_tokens, record.finish_reasons, record.error_type) == (10, ["stop"], None)
+    assert record.first_chunk_ms is not None and record.max_gap_ms is not None
+
+
+def test_a_stream_without_its_end_is_incomplete_and_a_broken_one_keeps_its_status() -> None:
+    made, records = exchange(stream=True)
+    made.on_response_start(200, [("content-type", "text/event-stream")])
+    made.on_chunk(b'data: {"id": "x", "choices": []}\n\n')
+    made.finish()
+    assert (records[0].status, records[0].error_type) == (200, "stream_incomplete")
+    broken, records = exchange(stream=True)
+    broken.on_response_start(200, [("content-type", "text/event-stream")])
+    broken.fail(502, "upstream_stream_interrupted")
+    broken.finish()
+    assert (records[0].status, records[0].error_type) == (200, "upstream_stream_interrupted")
+
+
+def test_an_error_event_in_a_stream_is_a_failed_request() -> None:
+    made, records = exchange(stream=True)
+    made.on_response_start(200, [("content-type", "text/event-stream")])
+    made.on_chunk(b'data: {"error": "Model overloaded"}\n\ndata: [DONE]\n\n')
+    made.finish()
+    assert (records[0].status, records[0].error_type) == (200, "upstream_inband_error")
+
+
+def test_no_answer_at_all_is_a_502_and_a_client_that_left_is_a_499() -> None:
+    made, records = exchange()
+    made.fail(502, "upstream_unreachable")
+    made.finish()
+    assert (records[0].status, records[0].error_type) == (502, "upstream_unreachable")
+    gone, records = exchange()
+    gone.finish(client_disconnected=True)
+    assert (records[0].status, records[0].error_type) == (499, "client_disconnected")
+
+
+def test_the_model_list_shows_only_the_models_a_key_may_use() -> None:
+    made, records = exchange(MODELS, models=("llama-3.3-70b",))
+    made.on_response_start(200, [("content-type", "application/json")])
+    listing = {"object": "list", "data": [{"id": "llama-3.3-70b"}, {"id": "qwen3-4b"}]}
+    shown = json.loads(made.complete_body(json.dumps(listing).encode()))
+    assert [m["id"] for m in shown["data"]] == ["llama-3.3-70b"]
+    made.finish()
+    assert records[0].model == "llama-3.3-70b"  # the model list is no answer from a model
