@@ -1,0 +1,161 @@
+"""Running things: serve, demo, migrate, the fake upstream, the sidecar, the injector."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from llm_gateway.cli.common import settings_from
+from llm_gateway.cli.keys import create_key
+from llm_gateway.config import Secret, Settings, host_port_argument
+from llm_gateway.keys import KeyRecord
+from llm_gateway.stores import open_store
+
+
+def register(commands: Any) -> None:
+    commands.add_parser("serve", help="run the gateway (needs VENICE_API_KEY)").set_defaults(
+        handler=cmd_serve)
+    commands.add_parser(
+        "demo", help="run the gateway in front of the bundled fake upstream, with a dev key"
+    ).set_defaults(handler=cmd_demo)
+    commands.add_parser("migrate", help="apply database migrations and exit").set_defaults(
+        handler=cmd_migrate)
+
+    fake = commands.add_parser("fake-upstream", help="run the bundled fake OpenAI/Venice server")
+    fake.add_argument("--listen", type=host_port_argument, default="127.0.0.1:3001")
+    fake.add_argument("--api-key", default="sk-fake-upstream")
+    fake.add_argument("--chunk-delay", type=float, default=0.0, help="seconds between chunks")
+    fake.add_argument("--chunks", type=int, default=8)
+    fake.add_argument("--usage-mode", choices=["venice", "openai"], default="venice")
+    fake.add_argument("--auth-header", default="authorization",
+                      help="where the fake expects its key: authorization (Bearer) or a header")
+    fake.set_defaults(handler=cmd_fake_upstream)
+
+    commands.add_parser(
+        "sidecar", help="run the mitmproxy sidecar (HTTPS_PROXY or reverse proxy)", add_help=False
+    ).set_defaults(handler=cmd_sidecar, passthrough=True)
+    commands.add_parser(
+        "injector", help="run the Kubernetes pod-injection webhook", add_help=False
+    ).set_defaults(handler=cmd_injector, passthrough=True)
+
+
+def run_server(app: object, settings: Settings) -> None:
+    import uvicorn
+
+    # No access log: per-request logging costs CPU on the hot path, and usage records
+    # already hold what an access log would (without prompts or keys).
+    uvicorn.run(
+        app,  # type: ignore[arg-type]
+        host=settings.bind_host,
+        port=settings.bind_port,
+        access_log=False,
+        # Nothing reads the client address, and no uvicorn banner goes to clients.
+        proxy_headers=False,
+        server_header=False,
+        lifespan="on",
+        log_level="info",
+        timeout_graceful_shutdown=10,
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from llm_gateway.adapters.asgi import create_app
+
+    settings = settings_from(args)
+    settings.require_provider_key()
+    run_server(create_app(settings), settings)
+    return 0
+
+
+DEMO_MODEL = "llama-3.3-70b"
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from llm_gateway.adapters.asgi import create_app
+    from llm_gateway.testing.fake_upstream import FakeUpstream, running_fake_upstream
+
+    settings = settings_from(args)
+    if "DATABASE_URL" not in os.environ:
+        settings = dataclasses.replace(settings, database_url="sqlite:///./llm-gateway-demo.db")
+    fake = FakeUpstream(chunk_delay=0.05, record=False)
+    with running_fake_upstream(fake) as (_, base_url):
+        settings = dataclasses.replace(
+            settings, venice_base_url=base_url, venice_api_key=Secret(fake.api_key)
+        )
+        record, key = asyncio.run(create_key(settings, name="demo", subject_id="demo-user"))
+        gateway_url = f"http://{settings.bind_host}:{settings.bind_port}"
+        print(_demo_banner(gateway_url, base_url, record, key), flush=True)
+        run_server(create_app(settings), settings)
+    return 0
+
+
+def _demo_banner(gateway_url: str, upstream_url: str, record: KeyRecord, key: str) -> str:
+    body = json.dumps({"model": DEMO_MODEL, "messages": [{"role": "user", "content": "Hello!"}]})
+    return f"""
+llm-gateway demo: a gateway on embedded defaults in front of the bundled fake upstream.
+  gateway:        {gateway_url}   (health: {gateway_url}/healthz)
+  fake upstream:  {upstream_url}  (stands in for Venice; no provider key needed)
+  gateway key:    {record.prefix}…  (created for this demo; `llm-gateway keys list` shows it)
+
+Call it with curl:
+
+curl -s {gateway_url}/v1/chat/completions \\
+  -H "Authorization: Bearer {key}" \\
+  -H "Content-Type: application/json" \\
+  -d '{body}'
+
+Or with the openai SDK:
+
+{sys.executable} - <<'PY'
+from openai import OpenAI
+client = OpenAI(base_url="{gateway_url}/v1", api_key="{key}")
+reply = client.chat.completions.create(
+    model="{DEMO_MODEL}", messages=[{{"role": "user", "content": "Hello!"}}]
+)
+print(reply.choices[0].message.content)
+PY
+
+Ctrl-C stops the demo.
+"""
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    async def run() -> list[int]:
+        store = open_store(settings_from(args).database_url)
+        try:
+            return await store.migrate()
+        finally:
+            await store.close()
+
+    applied = asyncio.run(run())
+    print(f"applied migrations: {', '.join(map(str, applied))}" if applied
+          else "database is up to date")
+    return 0
+
+
+def cmd_fake_upstream(args: argparse.Namespace) -> int:
+    from llm_gateway.testing.fake_upstream import serve_fake_upstream
+
+    host, port = args.listen
+    serve_fake_upstream(host, port, api_key=args.api_key, chunk_delay=args.chunk_delay,
+                        chunk_count=args.chunks, usage_mode=args.usage_mode,
+                        auth_header=args.auth_header)
+    return 0
+
+
+def cmd_sidecar(args: argparse.Namespace, rest: Sequence[str]) -> int:
+    from llm_gateway.adapters.sidecar import sidecar_main
+
+    return sidecar_main(list(rest), settings_from(args))
+
+
+def cmd_injector(args: argparse.Namespace, rest: Sequence[str]) -> int:
+    from llm_gateway.k8s.main import injector_main
+
+    return injector_main(list(rest))
