@@ -13,7 +13,7 @@ from typing import Any
 
 from llm_gateway.cli.common import settings_from
 from llm_gateway.cli.keys import create_key
-from llm_gateway.config import Secret, Settings, host_port_argument
+from llm_gateway.config import Secret, host_port_argument
 from llm_gateway.keys import KeyRecord
 from llm_gateway.stores import open_store
 
@@ -45,27 +45,9 @@ def register(commands: Any) -> None:
     ).set_defaults(handler=cmd_injector, passthrough=True)
 
 
-def run_server(app: object, settings: Settings) -> None:
-    import uvicorn
-
-    # No access log: per-request logging costs CPU on the hot path, and usage records
-    # already hold what an access log would (without prompts or keys).
-    uvicorn.run(
-        app,  # type: ignore[arg-type]
-        host=settings.bind_host,
-        port=settings.bind_port,
-        access_log=False,
-        # Nothing reads the client address, and no uvicorn banner goes to clients.
-        proxy_headers=False,
-        server_header=False,
-        lifespan="on",
-        log_level="info",
-        timeout_graceful_shutdown=10,
-    )
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     from llm_gateway.adapters.asgi import create_app
+    from llm_gateway.adapters.server import run_server
 
     settings = settings_from(args)
     settings.require_provider_key()
@@ -78,6 +60,7 @@ DEMO_MODEL = "llama-3.3-70b"
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from llm_gateway.adapters.asgi import create_app
+    from llm_gateway.adapters.server import run_server
     from llm_gateway.testing.fake_upstream import FakeUpstream, running_fake_upstream
 
     settings = settings_from(args)

@@ -1,0 +1,62 @@
+"""What accounting talks about: prices and budgets. Money is Decimal, never float.
+
+Shared vocabulary of the billing package, the stores that keep it and the admin plane
+that edits it. Times are Unix seconds (float), as everywhere in the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from enum import StrEnum
+
+MILLION = Decimal(1_000_000)
+# Money is kept to 10 decimal places (a token of a cheap model costs ~1e-8 USD).
+MONEY_PLACES = Decimal("0.0000000001")
+
+
+def money(value: Decimal | str | int) -> Decimal:
+    """A USD amount, exact, at the stored precision."""
+    return Decimal(value).quantize(MONEY_PLACES)
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """USD per million tokens for one provider's model, in force from ``effective_from``
+    until the next price of the same model."""
+
+    provider: str
+    model: str  # the upstream model, as the provider names it
+    input_per_mtok: Decimal
+    output_per_mtok: Decimal
+    effective_from: float
+    cached_input_per_mtok: Decimal | None = None
+
+
+class BudgetScope(StrEnum):
+    KEY = "key"  # a gateway key, by its id
+    SUBJECT = "subject"  # a team or user owning keys (and JWT callers)
+
+
+class OverCap(StrEnum):
+    """What a max_tokens above the cap gets."""
+
+    CLAMP = "clamp"  # lowered to the cap, said in x-llm-gateway-max-tokens-clamped
+    REJECT = "reject"  # 400
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """The limits of one key or subject. None: no limit of that kind. A request is held to
+    its key's budget and to its subject's, both."""
+
+    scope: BudgetScope
+    scope_id: str
+    daily_usd: Decimal | None = None
+    monthly_usd: Decimal | None = None
+    daily_tokens: int | None = None
+    monthly_tokens: int | None = None
+    tokens_per_minute: int | None = None  # a token bucket: this refill rate and capacity
+    max_output_tokens: int | None = None
+    over_cap: OverCap = OverCap.CLAMP
+    stop_streams_at_budget: bool = False
