@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from llm_gateway.messages import IncomingRequest
     from llm_gateway.wiring import build_gateway
 
-__all__ = ["Gateway", "IncomingRequest", "Settings", "build_gateway", "load_settings"]
+__all__ = ["Gateway", "GatewayError", "IncomingRequest", "Settings", "acting_as",
+           "async_openai_client", "build_gateway", "load_settings", "openai_client"]
 
 _HOMES = {
     "Gateway": "llm_gateway.engine",
@@ -23,6 +24,10 @@ _HOMES = {
     "Settings": "llm_gateway.config",
     "load_settings": "llm_gateway.config",
     "build_gateway": "llm_gateway.wiring",
+    "acting_as": "llm_gateway.adapters.identity",
+    "GatewayError": "llm_gateway.adapters.identity",
+    "openai_client": "llm_gateway.httpx",
+    "async_openai_client": "llm_gateway.httpx",
 }
 
 

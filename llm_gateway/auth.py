@@ -1,8 +1,14 @@
-"""Who is calling: gateway-key authentication with a short-lived lookup cache.
+"""Who is calling: gateway-key authentication with a short-lived lookup cache, or a JWT.
 
 Order of checks is cheapest first: the Bearer header's shape, the key's checksum (a
 forged or mistyped key never costs a lookup), then the store by prefix, then a
-constant-time hash comparison, then the key's own state.
+constant-time hash comparison, then the key's own state. A credential shaped like a JWT
+goes to the JWT verifier instead (``auth_jwt``), when JWT callers are configured.
+
+Unknown prefixes are remembered for a short while (bounded), so a forged key with a valid
+checksum costs one lookup, not one per request; and an unknown prefix costs the same hash
+comparison as a known one with a wrong key, so the response time tells nothing about
+which prefixes exist.
 
 When the store does not answer, the failure policy decides: fail-closed (the default)
 answers 503 for any key whose cached lookup has expired; fail-open keeps serving keys
@@ -16,6 +22,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from llm_gateway.auth_jwt import JwtVerifier, looks_like_jwt
 from llm_gateway.config import FailurePolicy
 from llm_gateway.errors import Rejection, invalid_api_key, key_store_unavailable
 from llm_gateway.keys import KeyRecord, hash_matches, is_well_formed, key_prefix
@@ -28,6 +35,14 @@ from llm_gateway.stores import Store, StoreUnavailable
 KEY_CACHE_SECONDS = 2.0
 # last_used_at is bookkeeping, not policy: write it at most this often per key.
 TOUCH_INTERVAL_SECONDS = 60.0
+# Unknown prefixes: remembered this long (a key created meanwhile in another process is
+# usable after at most this), at most this many (the oldest forgotten first), so a flood
+# of forged keys can neither reach the store nor grow memory.
+MISS_CACHE_SECONDS = 2.0
+MISS_CACHE_SIZE = 10_000
+# What a presented key is compared against when no key has its prefix: the same work as
+# a wrong key whose prefix exists.
+_DUMMY_HASH = bytes(32)
 
 
 class Authenticator:
@@ -39,6 +54,7 @@ class Authenticator:
         clock: Callable[[], float] = time.time,
         failure_policy: FailurePolicy = FailurePolicy.FAIL_CLOSED,
         backend: str = "store",
+        jwt: JwtVerifier | None = None,
     ) -> None:
         self._store = store
         self._cache_seconds = cache_seconds
@@ -49,6 +65,8 @@ class Authenticator:
             if failure_policy is FailurePolicy.FAIL_OPEN else "answering 503 until it is back"
         ))
         self._cache: dict[str, tuple[float, KeyRecord]] = {}
+        self._misses: dict[str, float] = {}  # prefix -> when the store said "no such key"
+        self.jwt = jwt  # None: JWT callers are not configured, a JWT is refused
         # Lookups under way, by prefix: a burst on a key whose cache entry just expired
         # costs the store one query, not one per request.
         self._in_flight: dict[str, asyncio.Future[KeyRecord | None]] = {}
@@ -66,6 +84,10 @@ class Authenticator:
             return invalid_api_key(
                 "Malformed Authorization header: expected 'Bearer <gateway key>'."
             )
+        if looks_like_jwt(token):
+            if self.jwt is None:
+                return invalid_api_key("This gateway does not accept JWTs: send a gateway key.")
+            return await self.jwt.authenticate(token)
         if not is_well_formed(token):
             return invalid_api_key()
         now = self._clock()
@@ -73,7 +95,7 @@ class Authenticator:
             record = await self._lookup(key_prefix(token), now)
         except StoreUnavailable:
             return key_store_unavailable()
-        if record is None or not hash_matches(token, record.key_hash):
+        if not hash_matches(token, record.key_hash if record else _DUMMY_HASH) or record is None:
             return invalid_api_key()
         refusal = record.refusal(now)
         if refusal is not None:
@@ -87,6 +109,9 @@ class Authenticator:
         cached = self._cache.get(prefix)
         if cached is not None and now - cached[0] < self._cache_seconds:
             return cached[1]
+        missed = self._misses.get(prefix)
+        if missed is not None and now - missed < MISS_CACHE_SECONDS:
+            return None
         lookup = self._in_flight.get(prefix)
         if lookup is None:
             lookup = asyncio.ensure_future(self._fetch(prefix, now, cached))
@@ -113,19 +138,28 @@ class Authenticator:
                 return cached[1]
             raise
         self.outage.recovered()
-        # Only hits are cached: a key created a moment ago must work at once.
         if record is not None:
             self._cache[prefix] = (now, record)
+            self._misses.pop(prefix, None)
         else:
             self._cache.pop(prefix, None)
+            self._remember_miss(prefix, now)
         return record
+
+    def _remember_miss(self, prefix: str, now: float) -> None:
+        self._misses.pop(prefix, None)  # re-inserted last: the dict's order is by age
+        while len(self._misses) >= MISS_CACHE_SIZE:
+            del self._misses[next(iter(self._misses))]
+        self._misses[prefix] = now
 
     def forget(self, prefix: str | None = None) -> None:
         """Drop cached lookups (all, or one prefix): after a revoke in this process."""
         if prefix is None:
             self._cache.clear()
+            self._misses.clear()
         else:
             self._cache.pop(prefix, None)
+            self._misses.pop(prefix, None)
 
     def take_touches(self) -> dict[str, float]:
         touches, self.pending_touches = self.pending_touches, {}

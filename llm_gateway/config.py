@@ -10,9 +10,10 @@ field to ``Settings``); the parsers below are the only place a kind of value is 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -105,6 +106,9 @@ class FailurePolicy(StrEnum):
 
 
 DEFAULT_ENDPOINTS = ("POST /chat/completions", "POST /embeddings", "GET /models")
+# The keys of the settings file that are routes: read by llm_gateway.routing, and reloaded
+# while the gateway runs; every other key is a setting.
+ROUTE_KEYS = ("providers", "models", "default_provider", "unknown_models", "routing")
 DEFAULT_VENICE_BASE_URL = "https://api.venice.ai/api/v1"
 # The provider hosts the sidecar intercepts, each with its API root path. Venice's comes
 # from the default base URL; the host VENICE_BASE_URL names is always added to these.
@@ -112,6 +116,7 @@ DEFAULT_LLM_HOSTS: tuple[tuple[str, str], ...] = (host_and_api_root(DEFAULT_VENI
 
 
 DEFAULT_BIND = HostPort("127.0.0.1", 3000)
+DEFAULT_ADMIN_BIND = HostPort("127.0.0.1", 3001)  # admin plane
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +124,9 @@ class Settings:
     bind: HostPort = DEFAULT_BIND
     database_url: str = "sqlite:///./llm-gateway.db"
     redis_url: str | None = None
+    # Prefix of every Redis key the gateway writes: deployments (or tests) that share a
+    # Redis keep apart by it.
+    redis_namespace: str = "llmg"
     venice_api_key: Secret | None = None
     venice_base_url: str = DEFAULT_VENICE_BASE_URL
     otel_service_name: str = "llm-gateway"
@@ -134,6 +142,31 @@ class Settings:
     # each replica then counts on its own.
     rate_limit_failure_policy: FailurePolicy = FailurePolicy.FAIL_OPEN
     egress_policy: EgressPolicy = EgressPolicy.ALLOW
+    # connection limits (serve and the sidecar): how long a client may take to send a
+    # request's headers (from connecting, or from the first byte after an idle spell) and
+    # then its body, how long a connection may sit idle between requests, and how large a
+    # request line plus headers may be. Each holds a socket (a file descriptor) or memory.
+    header_read_timeout_seconds: float = 10.0
+    body_read_timeout_seconds: float = 30.0
+    keepalive_timeout_seconds: float = 30.0
+    max_header_bytes: int = 64 * 1024
+    # engine limits: what an upstream answer may cost. A whole (non-stream) body past
+    # this, counted after decompression, is a 502; a stream event past the other ends the
+    # stream with an error event. Generous for real answers, small for a pod's memory.
+    upstream_response_limit_bytes: int = 32 * 1024 * 1024
+    sse_event_limit_bytes: int = 1024 * 1024
+    # accounting: where usage records wait for the database (None: beside the SQLite
+    # file, or /var/lib/llm-gateway/spool/<database>), and how many days of them to keep
+    # (0: all; on Postgres whole day partitions are dropped).
+    usage_spool_dir: str | None = None
+    usage_retention_days: int = 0
+    # observability: how keys are named in metric labels (prefix, name, or none for
+    # fleets with very many keys), the access log, process log format, audit capture.
+    metrics_key_label: str = "prefix"
+    access_log: str = "json"
+    log_format: str = "text"
+    audit_sample_rate: float = 0.01
+    audit_errors: bool = False
     # YAML-only: the provider endpoints the server-held key may be used for, as
     # "METHOD /path" relative to the API root. Nothing else on a provider is reachable.
     allowed_endpoints: tuple[str, ...] = DEFAULT_ENDPOINTS
@@ -143,6 +176,36 @@ class Settings:
     # YAML-only: the LLM hosts the sidecar intercepts ("host" or "host:port") with their
     # API root path; every other host is the egress policy's.
     llm_hosts: tuple[tuple[str, str], ...] = DEFAULT_LLM_HOSTS
+    # The file the settings came from (reloaded for routes), and its route sections as
+    # written (llm_gateway.routing reads them).
+    config_file: str | None = None
+    routes: Mapping[str, Any] = field(default_factory=dict)
+    # YAML-only: a seed for the price table (llm_gateway.billing.prices reads it).
+    prices: Any = None
+    # admin plane: the admin listener (None: off), the key that encrypts provider keys at
+    # rest, and JWT callers (a JWKS URL or one PEM public key; issuer and audience).
+    admin_bind: HostPort | None = DEFAULT_ADMIN_BIND
+    secret_key: Secret | None = None
+    jwt_jwks_url: str | None = None
+    jwt_public_key: str | None = None
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+    jwt_subject_claim: str = "sub"
+    jwt_models_claim: str | None = None
+    # end of admin plane
+
+    def spool_dir(self) -> Path:
+        """Where usage records wait for the database: beside the SQLite file, or one
+        directory per database under /var/lib/llm-gateway/spool."""
+        if self.usage_spool_dir:
+            return Path(self.usage_spool_dir)
+        if self.database_url.startswith("sqlite:"):
+            path = self.database_url.removeprefix("sqlite://")
+            path = path.removeprefix("/") if not path.startswith("//") else path[1:]
+            if path and path != ":memory:":
+                return Path(path).parent / f"{Path(path).stem}-spool"
+        digest = hashlib.sha256(self.database_url.encode()).hexdigest()[:12]
+        return Path("/var/lib/llm-gateway/spool") / digest
 
     @property
     def bind_host(self) -> str:
@@ -152,7 +215,11 @@ class Settings:
     def bind_port(self) -> int:
         return self.bind.port
 
-    def require_provider_key(self) -> Secret:
+    def require_provider_key(self) -> Secret | None:
+        """VENICE_API_KEY, required when the VENICE_* settings are the one provider (no
+        ``providers:`` section); with providers, each names its own key."""
+        if self.routes.get("providers"):
+            return None
         if not self.venice_api_key:
             raise ConfigError(
                 "VENICE_API_KEY",
@@ -230,6 +297,26 @@ def _choice(enum: type[StrEnum]) -> Parser:
     return parse
 
 
+def _one_of(*choices: str) -> Parser:
+    def parse(raw: Any) -> str:
+        text = str(raw).strip().lower()
+        if text not in choices:
+            raise ValueError(f"expected {' or '.join(choices)}, got {raw!r}")
+        return text
+
+    return parse
+
+
+def _fraction(raw: Any) -> float:
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        raise ValueError(f"expected a number from 0 to 1, got {raw!r}") from None
+    if not 0 <= value <= 1:
+        raise ValueError(f"must be from 0 to 1, got {raw!r}")
+    return value
+
+
 def _secret(raw: Any) -> Secret:
     text = str(raw)
     if any(ch.isspace() for ch in text):
@@ -272,6 +359,20 @@ def _endpoints(raw: Any) -> tuple[str, ...]:
     return tuple(endpoints)
 
 
+# admin plane parsers
+def _optional_host_port(raw: Any) -> HostPort | None:
+    """``HOST:PORT``, or ``off`` for a listener that is not started."""
+    return None if str(raw).strip().lower() == "off" else parse_host_port(raw)
+
+
+def _claim_name(raw: Any) -> str:
+    name = str(raw).strip()
+    if not name or any(ch.isspace() for ch in name):
+        raise ValueError(f"expected a claim name, got {raw!r}")
+    return name
+# end of admin plane parsers
+
+
 @dataclass(frozen=True, slots=True)
 class Variable:
     """One setting: its variable (the YAML key is the same name in lower case), the
@@ -289,6 +390,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("BIND_ADDR", "bind", parse_host_port),
     Variable("DATABASE_URL", "database_url", _url("sqlite", "postgresql", "postgres")),
     Variable("REDIS_URL", "redis_url", _url("redis", "rediss", "unix"), blank_is_unset=True),
+    Variable("REDIS_NAMESPACE", "redis_namespace", _text, blank_is_unset=True),
     Variable("VENICE_API_KEY", "venice_api_key", _secret, blank_is_unset=True),
     Variable("VENICE_BASE_URL", "venice_base_url", _url("http", "https"), blank_is_unset=True),
     Variable("OTEL_SERVICE_NAME", "otel_service_name", _text, blank_is_unset=True),
@@ -301,9 +403,37 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("AUTH_FAILURE_POLICY", "auth_failure_policy", _choice(FailurePolicy)),
     Variable("RATE_LIMIT_FAILURE_POLICY", "rate_limit_failure_policy", _choice(FailurePolicy)),
     Variable("EGRESS_POLICY", "egress_policy", _choice(EgressPolicy)),
+    # connection limits
+    Variable("HEADER_READ_TIMEOUT_SECONDS", "header_read_timeout_seconds", _seconds),
+    Variable("BODY_READ_TIMEOUT_SECONDS", "body_read_timeout_seconds", _seconds),
+    Variable("KEEPALIVE_TIMEOUT_SECONDS", "keepalive_timeout_seconds", _seconds),
+    Variable("MAX_HEADER_BYTES", "max_header_bytes", _integer(4096)),
+    # engine limits
+    Variable("UPSTREAM_RESPONSE_LIMIT_BYTES", "upstream_response_limit_bytes", _integer(1024)),
+    Variable("SSE_EVENT_LIMIT_BYTES", "sse_event_limit_bytes", _integer(1024)),
+    # accounting
+    Variable("USAGE_SPOOL_DIR", "usage_spool_dir", _text, blank_is_unset=True),
+    Variable("USAGE_RETENTION_DAYS", "usage_retention_days", _integer(0)),
+    # observability
+    Variable("METRICS_KEY_LABEL", "metrics_key_label", _one_of("none", "prefix", "name")),
+    Variable("ACCESS_LOG", "access_log", _one_of("json", "off")),
+    Variable("LOG_FORMAT", "log_format", _one_of("json", "text")),
+    Variable("AUDIT_SAMPLE_RATE", "audit_sample_rate", _fraction),
+    Variable("AUDIT_ERRORS", "audit_errors", _boolean),
     Variable("ALLOWED_ENDPOINTS", "allowed_endpoints", _endpoints, file_only=True),
     Variable("API_PREFIX", "api_prefix", _api_prefix, file_only=True),
     Variable("LLM_HOSTS", "llm_hosts", _llm_hosts, file_only=True),
+    Variable("PRICES", "prices", lambda raw: raw, file_only=True),
+    # admin plane
+    Variable("ADMIN_BIND_ADDR", "admin_bind", _optional_host_port),
+    Variable("LLM_GATEWAY_SECRET_KEY", "secret_key", _secret, blank_is_unset=True),
+    Variable("JWT_JWKS_URL", "jwt_jwks_url", _url("http", "https"), blank_is_unset=True),
+    Variable("JWT_PUBLIC_KEY", "jwt_public_key", _text, blank_is_unset=True),
+    Variable("JWT_ISSUER", "jwt_issuer", _text, blank_is_unset=True),
+    Variable("JWT_AUDIENCE", "jwt_audience", _text, blank_is_unset=True),
+    Variable("JWT_SUBJECT_CLAIM", "jwt_subject_claim", _claim_name, blank_is_unset=True),
+    Variable("JWT_MODELS_CLAIM", "jwt_models_claim", _claim_name, blank_is_unset=True),
+    # end of admin plane
 )
 _SETTINGS_FIELDS = {f.name for f in fields(Settings)}
 assert all(v.field in _SETTINGS_FIELDS for v in VARIABLES), "a row names no Settings field"
@@ -329,7 +459,7 @@ def load_settings(
     config_file = config_file or env.get("LLM_GATEWAY_CONFIG") or None
     file_values = _load_yaml(config_file) if config_file else {}
     # A misspelt setting would otherwise be ignored without a word.
-    known = {variable.name.lower() for variable in VARIABLES}
+    known = {variable.name.lower() for variable in VARIABLES} | set(ROUTE_KEYS)
     if unknown := sorted(str(key) for key in file_values if key not in known):
         raise ConfigError("LLM_GATEWAY_CONFIG", f"{config_file}: unknown setting {unknown[0]!r}")
     values: dict[str, Any] = {}
@@ -349,4 +479,5 @@ def load_settings(
             values[variable.field] = variable.parse(raw)
         except ValueError as exc:
             raise ConfigError(name, str(exc)) from None
-    return Settings(**values)
+    routes = {key: file_values[key] for key in ROUTE_KEYS if key in file_values}
+    return Settings(**values, config_file=config_file, routes=routes)

@@ -28,24 +28,51 @@ CATALOGUE: dict[str, ErrorKind] = {kind.code: kind for kind in (
               "`model`, `messages` or `stream` malformed"),
     ErrorKind(401, "authentication_error", "invalid_api_key",
               "key missing, malformed, unknown, revoked or expired"),
+    ErrorKind(400, "invalid_request_error", "context_length_exceeded",
+              "the prompt fits no target's context window (estimated before any call)"),
+    ErrorKind(400, "invalid_request_error", "max_tokens_too_large",
+              "`max_tokens` above the key's cap, when its budget says reject"),
+    ErrorKind(400, "invalid_request_error", "unsupported_parameter",
+              "a parameter the chosen provider cannot take (refused before the call)"),
     ErrorKind(403, "permission_error", "model_not_allowed", "model not allowed for the key"),
     ErrorKind(403, "permission_error", "endpoint_not_allowed",
               "a provider path the gateway does not forward (billing, account, keys)"),
     ErrorKind(403, "permission_error", "egress_denied",
               "sidecar, `EGRESS_POLICY=deny`: a host that is not an LLM host"),
     ErrorKind(404, "invalid_request_error", "not_found", "a path the gateway does not serve"),
+    ErrorKind(404, "invalid_request_error", "model_not_found",
+              "a model that is no alias, with `unknown_models: reject`"),
     ErrorKind(405, "invalid_request_error", "method_not_allowed",
               "a method an admin or probe endpoint does not take"),
+    ErrorKind(408, "invalid_request_error", "request_timeout",
+              "the request's headers or body did not arrive within `HEADER_READ_TIMEOUT_SECONDS` "
+              "or `BODY_READ_TIMEOUT_SECONDS` (the connection is then closed)"),
+    ErrorKind(409, "invalid_request_error", "conflict",
+              "admin API: the target's state forbids the change (a revoked key cannot be enabled)"),
+    ErrorKind(409, "invalid_request_error", "not_configured",
+              "admin API: the change needs a setting the gateway lacks (LLM_GATEWAY_SECRET_KEY)"),
     ErrorKind(413, "invalid_request_error", "request_too_large",
               "body over `REQUEST_BODY_LIMIT_BYTES`"),
+    ErrorKind(431, "invalid_request_error", "request_header_fields_too_large",
+              "request line and headers over `MAX_HEADER_BYTES` (the connection is then closed)"),
     ErrorKind(429, "rate_limit_error", "rate_limit_exceeded",
               "per-key rate limit (with `Retry-After`)"),
+    ErrorKind(429, "insufficient_quota", "insufficient_quota",
+              "over a USD or token budget (OpenAI's own shape, so SDKs raise RateLimitError)"),
+    ErrorKind(429, "rate_limit_error", "too_many_failed_requests",
+              "the key caused too many upstream 4xx failures lately (protects the shared key)"),
     ErrorKind(500, "server_error", "gateway_error",
               "the gateway failed on the request; it was not forwarded"),
     ErrorKind(502, "upstream_error", "upstream_unreachable", "provider unreachable"),
     ErrorKind(502, "upstream_error", "upstream_broken_response", "its answer broke off"),
     ErrorKind(502, "upstream_error", "upstream_stream_interrupted",
               "a stream broke off (in band: the status was sent already)"),
+    ErrorKind(502, "upstream_error", "upstream_response_too_large",
+              "the answer is over `UPSTREAM_RESPONSE_LIMIT_BYTES` (in band for streams)"),
+    ErrorKind(503, "service_unavailable", "no_available_upstream",
+              "every target of the model is DOWN (passive health) or was tried"),
+    ErrorKind(503, "service_unavailable", "upstream_overloaded",
+              "every target's bulkhead (`max_concurrency`) is full"),
     ErrorKind(503, "service_unavailable", "key_store_unavailable",
               "key store unreachable, under `fail-closed` (with `Retry-After`)"),
     ErrorKind(503, "service_unavailable", "rate_limiter_unavailable",
@@ -78,13 +105,16 @@ class Rejection:
     def all_headers(self) -> Headers:
         return [("content-type", "application/json"), *self.headers]
 
+    def message(self) -> str:
+        return str(json.loads(self.body)["error"]["message"])
+
+
+_RETRY_SHORTLY = [("retry-after", "1")]
+
 
 def reject(code: str, message: str, headers: Headers | None = None) -> Rejection:
     kind = CATALOGUE[code]
     return Rejection(kind.status, error_body(message, kind.type, code), headers or [], code)
-
-
-_RETRY_SHORTLY = [("retry-after", "1")]
 
 
 # ---- the named answers -----------------------------------------------------------------
@@ -121,9 +151,78 @@ def not_found(method: str, path: str) -> Rejection:
     return reject("not_found", f"No route for {method} {path}.")
 
 
+def model_not_found(model: str) -> Rejection:
+    return reject("model_not_found", f"The model '{model}' does not exist on this gateway.")
+
+
+def context_length_exceeded(model: str, prompt_tokens: int) -> Rejection:
+    return reject(
+        "context_length_exceeded",
+        f"The prompt (about {prompt_tokens} tokens) fits the context window of no "
+        f"target of '{model}'.",
+    )
+
+
+def no_available_upstream(model: str) -> Rejection:
+    return reject("no_available_upstream",
+                  f"No upstream for '{model}' can take the request now. Retry shortly.",
+                  list(_RETRY_SHORTLY))
+
+
+def upstream_overloaded(model: str) -> Rejection:
+    return reject("upstream_overloaded",
+                  f"Every upstream for '{model}' is at its concurrency limit. Retry shortly.",
+                  list(_RETRY_SHORTLY))
+
+
+def too_many_failed_requests(limit: int, window: int) -> Rejection:
+    return reject(
+        "too_many_failed_requests",
+        f"This gateway key caused {limit} failed upstream requests within {window}s; it is "
+        "paused to protect the shared provider key. Fix the request and retry later.",
+        [("retry-after", str(window))],
+    )
+
+
+def insufficient_quota(limit: str, headers: Headers) -> Rejection:
+    what = {"usd": "USD budget", "tok": "token budget"}.get(limit.partition(":")[0], "budget")
+    return reject(
+        "insufficient_quota",
+        f"This request would exceed the {what} of this gateway key or its subject "
+        f"({limit.split(':', 1)[-1]}). It resets with its window.",
+        headers,
+    )
+
+
+def tokens_per_minute_exceeded(headers: Headers) -> Rejection:
+    return reject("rate_limit_exceeded",
+                  "Rate limit reached for this gateway key: tokens per minute. Retry shortly.",
+                  [*headers, ("retry-after", "1")])
+
+
+def max_tokens_too_large(cap: int) -> Rejection:
+    return reject("max_tokens_too_large",
+                  f"max_tokens is above this key's cap of {cap} output tokens.")
+
+
+def unsupported_parameter(message: str) -> Rejection:
+    return reject("unsupported_parameter", message)
+
+
 def request_too_large(limit: int) -> Rejection:
     return reject("request_too_large",
                   f"Request body is larger than the gateway's limit of {limit} bytes.")
+
+
+def request_timeout(part: str, seconds: float) -> Rejection:
+    return reject("request_timeout",
+                  f"The request's {part} did not arrive within {seconds:g} s.")
+
+
+def request_header_fields_too_large(limit: int) -> Rejection:
+    return reject("request_header_fields_too_large",
+                  f"The request line and headers are larger than the gateway's limit of "
+                  f"{limit} bytes.")
 
 
 def rate_limit_exceeded(message: str, headers: Headers) -> Rejection:
@@ -155,11 +254,13 @@ def rate_limiter_unavailable() -> Rejection:
 class UpstreamFailure(Exception):
     """The upstream could not be reached, did not answer in time, or broke off."""
 
-    def __init__(self, code: str, message: str, attempts: int = 1) -> None:
+    def __init__(self, code: str, message: str, attempts: int = 1, *,
+                 kind: str = "broken") -> None:
         super().__init__(message)
         self.code = code
         self.status = CATALOGUE[code].status
         self.attempts = attempts
+        self.kind = kind  # what it says of the target: "connect", "timeout" or "broken"
 
     def body(self) -> bytes:
         return error_body_for(self.code, str(self))

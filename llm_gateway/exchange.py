@@ -1,32 +1,39 @@
 """One admitted request, from admission to its usage record: state only, no I/O.
 
-Whoever sends the request (the engine's relay, or the sidecar for what mitmproxy relays)
-tells the exchange what came back: the status line, each chunk, a whole body, a transport
-failure. ``finish`` turns that into exactly one ``UsageRecord`` and hands it to the
-gateway's record sinks, once, whatever happened.
+The relay tells the exchange which target it tries and what came back: the status line,
+each stream frame, a whole body, a transport failure. ``finish`` turns that into exactly
+one ``UsageRecord`` and hands it to the gateway's record sinks, once, whatever happened.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import random
 import time
 from collections.abc import Callable, Iterable
 
-from llm_gateway.billing.metering import UsageRecord
+from llm_gateway.billing.quotas import QuotaDecision, usd_units
+from llm_gateway.billing.records import ERROR_MESSAGE_CHARS, UsageRecord, decimal_or_none
+from llm_gateway.crypto import mask_secret
 from llm_gateway.errors import Headers
 from llm_gateway.keys import KeyRecord
 from llm_gateway.limits import LimitDecision
 from llm_gateway.messages import Endpoint, EndpointKind, IncomingRequest, next_request_id
 from llm_gateway.observe import ResponseFacts, StreamObserver
-from llm_gateway.providers import Profile
-from llm_gateway.routing.client import Upstream
+from llm_gateway.providers import Profile, profile_named
+from llm_gateway.routing.router import Plan
+from llm_gateway.routing.table import ProviderConfig, Target
+from llm_gateway.telemetry.tracing import Trace
+from llm_gateway.tokens import estimate_prompt
 
 # Never forwarded upstream: the caller's credentials, hop-by-hop headers, and anything
 # the gateway sets itself.
 _DROP_REQUEST_HEADERS = frozenset({
     "authorization", "host", "content-length", "connection", "keep-alive",
     "proxy-authorization", "proxy-connection", "te", "trailer", "transfer-encoding",
-    "upgrade", "accept-encoding", "cookie", "x-api-key", "api-key",
+    "upgrade", "accept-encoding", "cookie", "x-api-key", "api-key", "user-agent",
+    "traceparent", "tracestate",
 })
 # Never relayed to the client: hop-by-hop headers, and what the gateway recomputes
 # (length, encoding: bodies are decoded before they are observed).
@@ -36,6 +43,10 @@ _DROP_RESPONSE_HEADERS = frozenset({
 })
 # nginx's convention for "the client closed the request".
 CLIENT_CLOSED_REQUEST = 499
+try:
+    USER_AGENT = f"llm-gateway/{importlib.metadata.version('llm-gateway')}"
+except importlib.metadata.PackageNotFoundError:  # a checkout that was never installed
+    USER_AGENT = "llm-gateway/0"
 
 RecordSink = Callable[[UsageRecord, "Exchange"], None]
 
@@ -49,27 +60,46 @@ class Exchange:
         endpoint: Endpoint,
         key: KeyRecord,
         limit: LimitDecision,
-        model: str | None,
-        stream: bool,
-        upstream: Upstream,
-        profile: Profile,
+        payload: dict | None,
+        plan: Plan,
         on_finish: RecordSink,
+        quota: QuotaDecision | None = None,
+        *,
+        request_id: str | None = None,
+        trace: Trace | None = None,
     ) -> None:
         self.request = request
         self.endpoint = endpoint
         self.key = key
         self.limit = limit
-        self.model = model  # as the caller named it
-        self.stream = stream
-        self.upstream = upstream
-        self.profile = profile
+        self.payload = payload  # the decoded body (POST), for the per-target rewrite
+        self.plan = plan
         self._on_finish = on_finish
-        self.request_id = next_request_id()
+        self.quota = quota or QuotaDecision()
+        self._payload_changed = False
+        if payload is not None and self.quota.max_tokens is not None:
+            # The budget's cap, in the field the caller used (a provider's profile may
+            # spell it otherwise on the way out).
+            field = "max_completion_tokens" if "max_completion_tokens" in payload else "max_tokens"
+            self.payload = {**payload, field: self.quota.max_tokens}
+            self._payload_changed = True
+        self.model: str | None = payload.get("model") if payload else None  # as named
+        self.stream = bool(payload and payload.get("stream") is True)
+        options = payload.get("stream_options") if payload else None
+        self.client_wants_usage = isinstance(options, dict) and options.get("include_usage") is True
+        self.request_id = request_id or next_request_id()
+        self.trace = trace or Trace(f"{random.getrandbits(128):032x}",
+                                    f"{random.getrandbits(64):016x}", None)
+        self.response_bytes = 0  # what the client got, for the access log
         self.started_wall = time.time()
         self.started = time.monotonic()
+        self.target: Target | None = None
+        self.provider: ProviderConfig | None = None
+        self.profile: Profile = profile_named(plan.provider(plan.targets[0]).profile)
         self.status: int | None = None
         self.error_code: str | None = None
-        self.attempts = 1
+        self.error_message: str | None = None
+        self.attempts = 0
         self.response_started_at: float | None = None
         self.is_sse = False
         self.facts: ResponseFacts | None = None  # a JSON body's, or the stream observer
@@ -77,7 +107,7 @@ class Exchange:
 
     @property
     def server_address(self) -> str:
-        return self.upstream.host
+        return self.provider.host if self.provider else ""
 
     @property
     def request_body(self) -> bytes:
@@ -85,14 +115,43 @@ class Exchange:
 
     # ---- what to send -------------------------------------------------------------
 
+    def begin_attempt(self, target: Target) -> ProviderConfig:
+        """The relay is about to send to ``target``."""
+        self.attempts += 1
+        self.target = target
+        self.provider = self.plan.provider(target)
+        self.profile = profile_named(self.provider.profile)
+        return self.provider
+
     def upstream_url(self) -> str:
-        return self.upstream.url(self.endpoint.path, self.request.query)
+        assert self.provider is not None
+        return self.provider.url(self.endpoint.path, self.request.query)
 
     def upstream_headers(self) -> Headers:
+        assert self.provider is not None
         headers = [(k, v) for k, v in self.request.headers if k not in _DROP_REQUEST_HEADERS]
-        headers.append(("authorization", f"Bearer {self.upstream.api_key.reveal()}"))
+        headers.extend(self.provider.headers)
+        headers.extend(self.provider.auth_headers())
         headers.append(("accept-encoding", "identity"))
+        headers.append(("user-agent", USER_AGENT))
+        headers.append(("traceparent", self.trace.traceparent))
         return headers
+
+    def upstream_body(self) -> bytes:
+        """The body for the current target: the model it knows the alias by and the
+        provider's spelling; the caller's bytes unchanged when nothing differs."""
+        assert self.target is not None
+        payload = self.payload
+        if payload is None:
+            return self.request.body
+        prepared = payload
+        if self.endpoint.kind is EndpointKind.CHAT:
+            prepared = self.profile.prepare(payload, stream=self.stream)
+        if self.target.model != payload.get("model"):
+            prepared = {**prepared, "model": self.target.model}
+        if prepared is payload and not self._payload_changed:
+            return self.request.body
+        return json.dumps(prepared, ensure_ascii=False, separators=(",", ":")).encode()
 
     # ---- what came back -----------------------------------------------------------
 
@@ -108,7 +167,7 @@ class Exchange:
             if lower == "content-type" and status == 200 and value.startswith("text/event-stream"):
                 self.is_sse = True
                 self.facts = StreamObserver(self.profile)
-            client_headers.append((lower, value))
+            client_headers.append((lower, self._scrub_text(value)))
         if status >= 400:
             self.error_code = "upstream_error"
             # The body is rewritten to OpenAI's shape: say so in the content type.
@@ -118,44 +177,111 @@ class Exchange:
         return client_headers
 
     def gateway_headers(self) -> Headers:
-        return [*self.limit.headers(), ("x-request-id", self.request_id)]
+        headers = [*self.limit.headers(), *self.quota.headers,
+                   ("x-request-id", self.request_id), ("x-trace-id", self.trace.trace_id)]
+        if self.quota.max_tokens is not None and self.quota.clamped_from is not None:
+            headers.append(("x-llm-gateway-max-tokens-clamped", str(self.quota.max_tokens)))
+        if self.target is not None:
+            target = self.target
+            headers.append(("x-llm-gateway-upstream", f"{target.provider}/{target.model}"))
+        headers.append(("x-llm-gateway-attempts", str(self.attempts)))
+        return headers
 
-    def on_chunk(self, chunk: bytes) -> None:
-        if isinstance(self.facts, StreamObserver):
-            self.facts.feed(chunk, time.monotonic())
+    def on_frame(self, frame: bytes) -> bytes | None:
+        """Observe one whole SSE frame; returns what the client gets of it: None for the
+        usage-only chunk (``choices: []``) a client that did not ask for it would trip on,
+        the frame with the provider's key masked should the provider echo it."""
+        observer = self.facts
+        if isinstance(observer, StreamObserver):
+            for payload in observer.feed(frame, time.monotonic()):
+                if (not self.client_wants_usage and "usage" in payload
+                        and payload.get("choices") == []):
+                    return None
+        return self._scrub(frame)
+
+    def _provider_key(self) -> bytes | None:
+        if self.provider is None or not self.provider.api_key:
+            return None
+        return self.provider.api_key.reveal().encode()
+
+    def _scrub(self, data: bytes) -> bytes:
+        """The provider's key, should an answer carry it (some echo the Authorization
+        they got in an error), never reaches a caller: it is masked."""
+        key = self._provider_key()
+        if key is None or key not in data:
+            return data
+        return data.replace(key, mask_secret(key.decode()).encode())
+
+    def _scrub_text(self, value: str) -> str:
+        key = self._provider_key()
+        if key is None or key.decode() not in value:
+            return value
+        return value.replace(key.decode(), mask_secret(key.decode()))
+
+    def past_spend_ceiling(self) -> bool:
+        """A stream that must stop at its budget has delivered what the budget can pay
+        for (its text so far, priced at the output price)."""
+        reservation = self.quota.reservation
+        if (reservation is None or not reservation.stop_streams
+                or reservation.spend_ceiling is None or reservation.output_price is None
+                or self.facts is None):
+            return False
+        price = reservation.output_price
+        prompt = estimate_prompt(self.payload or {})
+        delivered = (self.facts.text_chars + 3) // 4
+        spent = usd_units((prompt * price.input_per_mtok + delivered * price.output_per_mtok)
+                          / 1_000_000)
+        return spent >= reservation.spend_ceiling
 
     def complete_body(self, body: bytes) -> bytes:
         """Observe a whole (non-stream) body; returns the body the client gets."""
+        body = self._scrub(body)
         if self.status is not None and self.status >= 400:
-            return self.profile.error_body(body, self.status)
+            answer = self.profile.error_body(body, self.status)
+            self.error_message = _message_of(answer)
+            return answer
         try:
             payload = json.loads(body) if body else None
-        except ValueError:
+        except (ValueError, RecursionError):
             return body
         if not isinstance(payload, dict):
             return body
         if self.endpoint.kind is EndpointKind.MODELS:
-            return self._models_for_key(payload, body)
+            return self.models_for_key(payload)
         self.facts = ResponseFacts(self.profile)
         self.facts.observe(payload)
         return body
 
-    def _models_for_key(self, payload: dict, body: bytes) -> bytes:
-        data = payload.get("data")
-        if not self.key.allowed_models or not isinstance(data, list):
-            return body
-        payload["data"] = [
-            m for m in data if isinstance(m, dict) and self.key.allows_model(m.get("id"))
-        ]
+    def models_for_key(self, payload: dict) -> bytes:
+        """The provider's model list (when passthrough serves it) and the aliases, each
+        only if the key may use it."""
+        aliases = [{"id": name, "object": "model", "owned_by": "llm-gateway"}
+                   for name in self.plan.table.models]
+        listed = payload.get("data") if isinstance(payload.get("data"), list) else []
+        known = {name for name in self.plan.table.models}
+        merged = aliases + [m for m in listed if isinstance(m, dict) and m.get("id") not in known]
+        payload["data"] = [m for m in merged if self.key.allows_model(m.get("id"))]
+        payload.setdefault("object", "list")
         return json.dumps(payload).encode()
 
-    def fail(self, status: int, code: str) -> None:
+    def fail(self, status: int, code: str, message: str | None = None) -> None:
         """The exchange failed in transport (timeout, broken connection). A stream keeps
         the status its client already received."""
         self.status = self.status if self.is_sse and self.status else status
         self.error_code = code
+        if message is not None:
+            self.error_message = message[:ERROR_MESSAGE_CHARS]
 
     # ---- finish -------------------------------------------------------------------
+
+    def admission_record(self) -> UsageRecord:
+        """What is known at admission: the record a killed process leaves for it."""
+        return UsageRecord(
+            request_id=self.request_id, key_id=self.key.id, key_prefix=self.key.prefix,
+            subject_id=self.key.subject_id, adapter=self.request.adapter,
+            endpoint=self.endpoint.kind.value, model=self.model, stream=self.stream,
+            status=0, started_at=self.started_wall, duration_ms=0.0,
+        )
 
     def finish(self, *, client_disconnected: bool = False) -> UsageRecord | None:
         """Make the usage record and hand it on: exactly once, whatever happened. Safe
@@ -164,48 +290,69 @@ class Exchange:
             return None
         self._finished = True
         record = UsageRecord(
-            request_id=self.request_id,
-            key_id=self.key.id,
-            subject_id=self.key.subject_id,
-            adapter=self.request.adapter,
-            endpoint=self.endpoint.kind.value,
-            model=self.model,
-            upstream=self.upstream.name,
-            stream=self.stream,
+            request_id=self.request_id, key_id=self.key.id, key_prefix=self.key.prefix,
+            subject_id=self.key.subject_id, adapter=self.request.adapter,
+            endpoint=self.endpoint.kind.value, model=self.model, stream=self.stream,
             status=self.status if self.status is not None else 502,
-            started_at=self.started_wall,
-            duration_ms=(time.monotonic() - self.started) * 1000,
-            error_type=self.error_code,
-            attempts=self.attempts,
+            started_at=self.started_wall, duration_ms=(time.monotonic() - self.started) * 1000,
+            provider=self.target.provider if self.target else "",
+            upstream_model=self.target.model if self.target and self.target.model else None,
+            error_code=self.error_code, error_message=self.error_message,
+            attempts=self.attempts, trace_id=self.trace.trace_id,
         )
         if self.response_started_at is not None:
             record.ttfb_ms = (self.response_started_at - self.started) * 1000
         if self.facts is not None:
             self._apply_facts(record, self.facts)
+        self._estimate_usage(record)
         if client_disconnected:
-            record.error_type = "client_disconnected"
-            if self.status is None or not self.is_sse:
-                record.status = CLIENT_CLOSED_REQUEST
+            # 499 even when a stream's 200 went out: the status says how it ended.
+            record.error_code, record.status = "client_disconnected", CLIENT_CLOSED_REQUEST
         self._on_finish(record, self)
         return record
 
     def _apply_facts(self, record: UsageRecord, facts: ResponseFacts) -> None:
         record.response_id = facts.response_id
         record.finish_reasons = list(facts.finish_reasons)
-        record.model = facts.model or self.model
+        if facts.model and self.endpoint.kind is not EndpointKind.MODELS:
+            record.upstream_model = facts.model
         if facts.usage is not None:
             record.prompt_tokens = facts.usage.prompt_tokens
             record.completion_tokens = facts.usage.completion_tokens
             record.total_tokens = facts.usage.total_tokens
-            record.cost_usd = facts.usage.cost_usd
-            record.cost_diem = facts.usage.cost_diem
+            record.provider_cost_usd = decimal_or_none(facts.usage.cost_usd)
+            record.provider_cost_diem = decimal_or_none(facts.usage.cost_diem)
+        if facts.error is not None and record.error_message is None:
+            record.error_message = str(facts.error.get("message") or "")[:ERROR_MESSAGE_CHARS]
         if not isinstance(facts, StreamObserver):
+            if record.error_code is None and facts.error is not None:
+                record.error_code = "upstream_inband_error"  # a 200 whose body is an error
             return
         facts.close()
         if facts.first_event_at is not None:
             record.first_chunk_ms = (facts.first_event_at - self.started) * 1000
             record.max_gap_ms = facts.max_gap * 1000
-        if record.error_type is None and facts.error is not None:
-            record.error_type = "upstream_inband_error"
-        elif record.error_type is None and not facts.done:
-            record.error_type = "stream_incomplete"
+        if record.error_code is None and facts.error is not None:
+            record.error_code = "upstream_inband_error"
+        elif record.error_code is None and not facts.done:
+            record.error_code = "stream_incomplete"
+
+    def _estimate_usage(self, record: UsageRecord) -> None:
+        """No usage from the provider for a request it served (a cut stream, an in-band
+        error): count the prompt and the text seen so far (tokens.py), flagged."""
+        answered = self.facts is not None and (self.facts.usage is None)
+        if not answered or self.endpoint.kind is EndpointKind.MODELS:
+            return
+        assert self.facts is not None
+        record.prompt_tokens = estimate_prompt(self.payload or {})
+        record.completion_tokens = (self.facts.text_chars + 3) // 4
+        record.total_tokens = record.prompt_tokens + record.completion_tokens
+        record.tokens_estimated = True
+
+
+def _message_of(body: bytes) -> str | None:
+    try:
+        message = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return str(message)[:ERROR_MESSAGE_CHARS]

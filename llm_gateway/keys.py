@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import re
 import secrets
+import time
 import uuid
 import zlib
 from dataclasses import dataclass, field
@@ -92,6 +93,24 @@ class KeyRecord:
 
     def allows_model(self, model: str) -> bool:
         return not self.allowed_models or model in self.allowed_models
+
+
+def subject_principal(
+    subject_id: str,
+    *,
+    allowed_models: tuple[str, ...] = (),
+    name: str | None = None,
+    created_at: float | None = None,
+    expires_at: float | None = None,
+) -> KeyRecord:
+    """A principal without a gateway key, for a subject whose identity was established
+    elsewhere (a verified JWT, the application's own login): limited under the id
+    ``subject:<id>`` with the default rate limit; budgets apply to the subject."""
+    return KeyRecord(
+        id=f"subject:{subject_id}", subject_id=subject_id, name=name or f"subject:{subject_id}",
+        prefix="", key_hash=b"", created_at=time.time() if created_at is None else created_at,
+        expires_at=expires_at, allowed_models=allowed_models,
+    )
 
 
 def new_key_record(

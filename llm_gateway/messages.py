@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from llm_gateway.errors import Headers
+from llm_gateway.keys import KeyRecord
 
 
 class EndpointKind(StrEnum):
@@ -46,6 +47,9 @@ class IncomingRequest:
     body: bytes
     adapter: str
     query: str = ""
+    # Set only by in-process adapters that know the caller already (never from the wire):
+    # the engine then admits it as this principal instead of authenticating a header.
+    principal: KeyRecord | None = None
 
     def header(self, name: str) -> str | None:
         for key, value in self.headers:

@@ -16,7 +16,8 @@ from llm_gateway.sse import SSEEvent, SSEParser
 
 
 class ResponseFacts:
-    __slots__ = ("_profile", "error", "finish_reasons", "model", "response_id", "usage")
+    __slots__ = ("_profile", "error", "finish_reasons", "model", "response_id", "text_chars",
+                 "usage")
 
     def __init__(self, profile: Profile) -> None:
         self._profile = profile
@@ -25,6 +26,9 @@ class ResponseFacts:
         self.finish_reasons: list[str] = []
         self.usage: Usage | None = None
         self.error: dict[str, str | None] | None = None
+        # Characters of generated text seen: what usage is estimated from when the
+        # provider reports none (a cut stream), and what a stream has spent so far.
+        self.text_chars = 0
 
     def observe(self, payload: dict) -> None:
         """One decoded body or stream chunk; the first id, model and error win."""
@@ -44,6 +48,9 @@ class ResponseFacts:
                     finish_reason = choice.get("finish_reason")
                     if isinstance(finish_reason, str):
                         self.finish_reasons.append(finish_reason)
+                    said = choice.get("delta") or choice.get("message")
+                    if isinstance(said, dict) and isinstance(said.get("content"), str):
+                        self.text_chars += len(said["content"])
         usage = self._profile.usage(payload)
         if usage is not None:
             self.usage = usage
@@ -68,16 +75,21 @@ class StreamObserver(ResponseFacts):
         self.last_event_at: float | None = None
         self.max_gap = 0.0
 
-    def feed(self, chunk: bytes, now: float) -> None:
-        """Observe ``chunk``; ``now`` is the caller's time.monotonic() when it arrived."""
+    def feed(self, chunk: bytes, now: float) -> list[dict]:
+        """Observe ``chunk``; ``now`` is the caller's time.monotonic() when it arrived.
+        Returns the payloads of the events it completed."""
+        payloads = []
         for event in self._parser.feed(chunk):
-            self._event(event, now)
+            payload = self._event(event, now)
+            if payload is not None:
+                payloads.append(payload)
+        return payloads
 
     def close(self) -> None:
         for event in self._parser.close():
             self._event(event, None)
 
-    def _event(self, event: SSEEvent, now: float | None) -> None:
+    def _event(self, event: SSEEvent, now: float | None) -> dict | None:
         self.event_count += 1
         if now is not None:
             if self.last_event_at is None:
@@ -87,14 +99,15 @@ class StreamObserver(ResponseFacts):
             self.last_event_at = now
         if event.data == "[DONE]":
             self.done = True
-            return
+            return None
         try:
             payload = json.loads(event.data)
         except (ValueError, RecursionError):
             self.malformed_count += 1
-            return
+            return None
         if not isinstance(payload, dict):
             # Valid JSON, but no OpenAI-compatible frame is anything other than an object.
             self.malformed_count += 1
-            return
+            return None
         self.observe(payload)
+        return payload

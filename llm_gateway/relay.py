@@ -1,66 +1,269 @@
-"""The engine's own sending: one admitted request to its upstream, and the answer back.
+"""The engine's own sending: an admitted request to its targets, and the answer back.
 
-Every adapter that lets the engine send gets the same behaviour from here: pooled
-connections, retries before the first byte, OpenAI-shaped 502/504s, and streams relayed
-chunk by chunk while the exchange observes them.
+Every adapter gets the same behaviour from here. Before the first byte reaches the
+client, a failed attempt moves on: a refused connection or a first-byte timeout to the
+next target at once, a 5xx or a 429 to the next target (a 429 from the last one is
+waited out, up to a bound), never more than ``max_attempts`` in all; each outcome tells
+the target's passive health. Once a stream has started there is no retry: a failure, or
+a stream silent for ``stream_idle``, ends it with an SSE error event and ``[DONE]``.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable, Iterator
 
+from llm_gateway import errors
 from llm_gateway.errors import UpstreamFailure
 from llm_gateway.exchange import Exchange
-from llm_gateway.messages import GatewayResponse
-from llm_gateway.routing.client import UpstreamClient, UpstreamResponse
+from llm_gateway.limits import RateLimiter
+from llm_gateway.messages import EndpointKind, GatewayResponse
+from llm_gateway.providers import UnsupportedParameter
+from llm_gateway.routing.client import UpstreamClient, UpstreamResponse, retry_after_seconds
+from llm_gateway.routing.health import Outcome, State
+from llm_gateway.routing.router import Router
+from llm_gateway.routing.table import ProviderConfig, Target
+from llm_gateway.sse import FrameSplitter, FrameTooLarge
 
 _STREAM_BROKE_OFF = "The upstream provider's stream broke off before it was complete."
+_BUDGET_SPENT = ("The budget of this key (or its subject) is spent: the stream was stopped "
+                 "where the budget ends.")
+_JSON = ("content-type", "application/json")
+_FAILURE_OUTCOMES = {"connect": Outcome.CONNECT, "timeout": Outcome.TIMEOUT,
+                     "broken": Outcome.SERVER_ERROR}
 
 
 class Relay:
-    def __init__(self, client: UpstreamClient) -> None:
+    def __init__(
+        self, client: UpstreamClient, router: Router, limiter: RateLimiter, *,
+        response_limit_bytes: int, max_event_bytes: int, backoff_base: float = 0.5,
+        sleep: Callable[[float], object] = asyncio.sleep,
+    ) -> None:
         self.client = client
+        self.router = router
+        self.limiter = limiter
+        self.response_limit_bytes = response_limit_bytes
+        self.max_event_bytes = max_event_bytes
+        self.backoff_base = backoff_base
+        self._sleep = sleep
 
     async def respond(self, exchange: Exchange) -> GatewayResponse:
         """Send upstream and produce the client's response (streams stay streams)."""
-        try:
-            response, exchange.attempts = await self.client.open(
-                exchange.upstream, exchange.request.method, exchange.upstream_url(),
-                exchange.upstream_headers(), exchange.request.body,
-            )
-        except UpstreamFailure as failure:
-            exchange.attempts = failure.attempts
-            return _failure_response(exchange, failure)
+        table = exchange.plan.table
+        if exchange.endpoint.kind is EndpointKind.MODELS and table.unknown_models != "passthrough":
+            # Only aliases exist: the list is the gateway's own.
+            return GatewayResponse(200, [_JSON, *exchange.gateway_headers()],
+                                   exchange.models_for_key({"object": "list", "data": []}))
+        answer = await self._first_answer(exchange)
+        if isinstance(answer, GatewayResponse):
+            return answer
+        response, leave = answer
         headers = exchange.on_response_start(response.status, response.headers)
         if exchange.is_sse:
-            return GatewayResponse(response.status, headers, chunks=_stream(exchange, response))
+            return GatewayResponse(response.status, headers,
+                                   chunks=self._stream(exchange, response, leave))
         try:
-            raw = await response.read()
+            raw = await response.read(self.response_limit_bytes)
         except UpstreamFailure as failure:
-            return _failure_response(exchange, failure)
-        return GatewayResponse(response.status, headers, exchange.complete_body(raw))
+            return failure_response(exchange, failure)
+        finally:
+            leave()
+        body = exchange.complete_body(raw)
+        exchange.response_bytes = len(body)
+        return GatewayResponse(response.status, headers, body)
 
     async def aclose(self) -> None:
         await self.client.aclose()
 
+    # ---- attempts -------------------------------------------------------------------
 
-def _failure_response(exchange: Exchange, failure: UpstreamFailure) -> GatewayResponse:
-    exchange.fail(failure.status, failure.code)
-    return GatewayResponse(
-        failure.status, [("content-type", "application/json"), *exchange.gateway_headers()],
-        failure.body(),
-    )
+    async def _first_answer(
+        self, exchange: Exchange,
+    ) -> tuple[UpstreamResponse, Callable[[], None]] | GatewayResponse:
+        """The first answer worth giving the client, and how to give its bulkhead place
+        back; or the gateway's own answer when none came."""
+        failure: UpstreamFailure | None = None
+        overloaded = False
+        # A target that took the request and said nothing in time may still be working on
+        # it: never sent the same request twice.
+        timed_out: set[Target] = set()
+        waited_for: Target | None = None
+        for target, last_chance in self._candidates(exchange):
+            # A 429 put the target in cooldown; the wait it asked for was honoured for this
+            # one request, which may try it again.
+            if target in timed_out or (
+                target != waited_for and self._found_down(exchange, target)
+            ):
+                continue
+            waited_for = None
+            provider = exchange.plan.provider(target)
+            if not await self._admits(provider):
+                overloaded = True
+                continue
+            leave = self._leaver(provider)
+            outcome = await self._attempt(exchange, target, provider, last_chance)
+            if isinstance(outcome, UpstreamResponse):
+                return outcome, leave
+            leave()
+            if isinstance(outcome, UpstreamFailure):
+                failure = outcome
+                if outcome.kind == "timeout":
+                    timed_out.add(target)
+            elif outcome is not None:
+                await self._sleep(outcome)  # a 429 from the only target left: wait it out
+                waited_for = target
+        if failure is not None:
+            return failure_response(exchange, failure)
+        model = exchange.model or exchange.endpoint.path
+        if overloaded:
+            return _rejection_response(exchange, errors.upstream_overloaded(model))
+        return _rejection_response(exchange, errors.no_available_upstream(model))
+
+    def _candidates(self, exchange: Exchange) -> Iterator[tuple[Target, bool]]:
+        """Targets to try in order, each with whether it is the last attempt allowed.
+        With fewer targets than attempts the order starts over: a lone target is retried,
+        after a backoff."""
+        targets = exchange.plan.targets
+        attempts = exchange.plan.table.max_attempts
+        for index in range(attempts):
+            yield targets[index % len(targets)], index == attempts - 1
+
+    def _found_down(self, exchange: Exchange, target: Target) -> bool:
+        """DOWN since the plan was made (the plan left out what was DOWN then)."""
+        return bool(exchange.attempts) and self.router.health.state(target.key) is State.DOWN
+
+    async def _attempt(
+        self, exchange: Exchange, target: Target, provider: ProviderConfig, last_chance: bool,
+    ) -> UpstreamResponse | UpstreamFailure | float | None:
+        """One try. Returns the response to relay, the failure, seconds to wait before
+        trying again (a 429 to wait out), or None to move on at once."""
+        if exchange.attempts and exchange.attempts >= len(exchange.plan.targets):
+            await self._sleep(self._backoff(exchange.attempts - len(exchange.plan.targets)))
+        exchange.begin_attempt(target)
+        try:
+            body = exchange.upstream_body()
+        except UnsupportedParameter:
+            return None  # admission checked the plan; a target of another profile may take it
+        read_timeout = exchange.plan.route.read_timeout or (
+            provider.timeouts.stream_idle if exchange.stream else provider.timeouts.read)
+        try:
+            response = await self.client.send(
+                provider, exchange.request.method, exchange.upstream_url(),
+                exchange.upstream_headers(), body, read_timeout=read_timeout,
+            )
+        except UpstreamFailure as failure:
+            self.router.record(target, _FAILURE_OUTCOMES[failure.kind])
+            failure.attempts = exchange.attempts
+            return failure
+        return self._judge(exchange, target, response, last_chance)
+
+    def _judge(self, exchange: Exchange, target: Target, response: UpstreamResponse,
+               last_chance: bool) -> UpstreamResponse | float | None:
+        status = response.status
+        if status == 429 or status == 408 or status >= 500:
+            wait = retry_after_seconds(response.header_map())
+            outcome = Outcome.RATE_LIMITED if status == 429 else Outcome.SERVER_ERROR
+            self.router.record(target, outcome, wait)
+            if last_chance:
+                return response  # nothing left to try: the provider's own answer
+            response.close()
+            only_target = len(exchange.plan.targets) == 1
+            if status == 429 and only_target and wait is not None:
+                return wait if wait <= exchange.plan.table.max_retry_wait_seconds else None
+            return None
+        if status >= 400:
+            self._count_callers_failure(exchange)
+        else:
+            self.router.record(target, Outcome.SUCCESS)
+        return response
+
+    def _count_callers_failure(self, exchange: Exchange) -> None:
+        """A 4xx the caller caused: no mark against the target, one against the key."""
+        table = exchange.plan.table
+        task = asyncio.ensure_future(self.limiter.take(
+            failed_requests_bucket(exchange.key.id), table.failed_requests_limit,
+            table.failed_requests_window_seconds,
+        ))
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+
+    async def _admits(self, provider: ProviderConfig) -> bool:
+        """Room in the provider's bulkhead and its provider-wide request budget."""
+        if not self.router.bulkhead.try_enter(provider.name, provider.max_concurrency):
+            return False
+        if provider.requests_per_minute:
+            decision = await self.limiter.take(f"provider:{provider.name}",
+                                               provider.requests_per_minute, 60)
+            if not decision.allowed:
+                self.router.bulkhead.leave(provider.name)
+                return False
+        return True
+
+    def _leaver(self, provider: ProviderConfig) -> Callable[[], None]:
+        left = False
+
+        def leave() -> None:
+            nonlocal left
+            if not left:
+                left = True
+                self.router.bulkhead.leave(provider.name)
+
+        return leave
+
+    def _backoff(self, retry: int) -> float:
+        """Exponential, with jitter: spreads retries of many clients apart."""
+        ceiling = min(8.0, self.backoff_base * 2**retry)
+        return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+    # ---- streams ----------------------------------------------------------------------
+
+    async def _stream(self, exchange: Exchange, response: UpstreamResponse,
+                      leave: Callable[[], None]) -> AsyncIterator[bytes]:
+        frames = FrameSplitter(self.max_event_bytes)
+        try:
+            async for chunk in response.chunks():
+                kept = [out for frame in frames.feed(chunk)
+                        if (out := exchange.on_frame(frame)) is not None]
+                if kept:
+                    out = b"".join(kept) if len(kept) > 1 else kept[0]
+                    exchange.response_bytes += len(out)
+                    yield out
+                if exchange.past_spend_ceiling():
+                    exchange.fail(200, "insufficient_quota", _BUDGET_SPENT)
+                    yield stream_error("insufficient_quota", _BUDGET_SPENT)
+                    return
+            if (rest := frames.remainder()) and (out := exchange.on_frame(rest)) is not None:
+                yield out
+        except UpstreamFailure as failure:
+            assert exchange.target is not None
+            self.router.record(exchange.target, _FAILURE_OUTCOMES[failure.kind])
+            exchange.fail(failure.status, failure.code, str(failure))
+            yield stream_error(failure.code, _STREAM_BROKE_OFF)
+        except FrameTooLarge as exc:
+            exchange.fail(502, "upstream_response_too_large", str(exc))
+            yield stream_error("upstream_response_too_large", str(exc))
+        finally:
+            response.close()
+            leave()
 
 
-async def _stream(exchange: Exchange, response: UpstreamResponse) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in response.chunks():
-            exchange.on_chunk(chunk)
-            yield chunk
-    except UpstreamFailure as failure:
-        # Headers are gone already: the status cannot change. Tell the client in band,
-        # the way providers do, so SDKs raise instead of ending quietly.
-        exchange.fail(failure.status, failure.code)
-        yield b"data: " + UpstreamFailure(failure.code, _STREAM_BROKE_OFF).body() + b"\n\n"
-    finally:
-        response.close()
+def failed_requests_bucket(key_id: str) -> str:
+    return f"{key_id}!upstream-4xx"
+
+
+def stream_error(code: str, message: str) -> bytes:
+    """The end of a stream that failed after its status was sent: an error event in
+    OpenAI's shape, then [DONE], so SDKs raise instead of ending quietly."""
+    return (b"data: " + UpstreamFailure(code, message).body() + b"\n\ndata: [DONE]\n\n")
+
+
+def failure_response(exchange: Exchange, failure: UpstreamFailure) -> GatewayResponse:
+    exchange.fail(failure.status, failure.code, str(failure))
+    return GatewayResponse(failure.status, [_JSON, *exchange.gateway_headers()], failure.body())
+
+
+def _rejection_response(exchange: Exchange, rejection: errors.Rejection) -> GatewayResponse:
+    exchange.fail(rejection.status, rejection.code, rejection.message())
+    return GatewayResponse(rejection.status,
+                           [*rejection.all_headers(), *exchange.gateway_headers()],
+                           rejection.body)

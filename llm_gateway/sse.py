@@ -114,3 +114,53 @@ class SSEParser:
         self._data = None
         self._event = None
         self._id = None
+
+
+class FrameTooLarge(Exception):
+    """An event grew past the limit without ending: a provider that never ends a line."""
+
+
+class FrameSplitter:
+    """Cuts a byte stream into whole SSE frames (an event and the blank line that ends
+    it), byte for byte as they arrived, so a relay can drop or hold back single frames and
+    pass every other one on unchanged. Bounded: a frame over ``max_frame_bytes`` raises."""
+
+    __slots__ = ("_buffer", "_max")
+
+    _ENDINGS = (b"\n\n", b"\r\n\r\n", b"\r\r")
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        self._buffer = b""
+        self._max = max_frame_bytes
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        data = self._buffer + chunk if self._buffer else chunk
+        frames = []
+        start = 0
+        # Providers end events with LF LF; the other endings are searched only when a CR
+        # is there at all.
+        endings = self._ENDINGS if b"\r" in data else self._ENDINGS[:1]
+        while True:
+            end = self._frame_end(data, start, endings)
+            if end < 0:
+                break
+            frames.append(data[start:end])
+            start = end
+        self._buffer = data[start:]
+        if len(self._buffer) > self._max:
+            raise FrameTooLarge(f"an SSE event grew past {self._max} bytes without ending")
+        return frames
+
+    def remainder(self) -> bytes:
+        """What is left at the end of the stream: an event without its blank line."""
+        rest, self._buffer = self._buffer, b""
+        return rest
+
+    @staticmethod
+    def _frame_end(data: bytes, start: int, endings: tuple[bytes, ...]) -> int:
+        best = -1
+        for ending in endings:
+            found = data.find(ending, start)
+            if found >= 0 and (best < 0 or found + len(ending) < best):
+                best = found + len(ending)
+        return best

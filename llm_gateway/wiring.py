@@ -1,23 +1,38 @@
 """The composition root: ``build_gateway(settings)`` builds every part the settings name
 and hands them to the engine. The one place that knows which concrete store, limiter,
-client and provider profile go together."""
+client, router and provider profiles go together."""
 
 from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable
 
 from opentelemetry.trace import TracerProvider
 
 from llm_gateway.auth import KEY_CACHE_SECONDS, Authenticator
+from llm_gateway.auth_jwt import jwt_verifier
+from llm_gateway.billing.ledger import Ledger, MemoryLedger
 from llm_gateway.billing.metering import UsageWriter
-from llm_gateway.config import Settings, is_postgres_url
+from llm_gateway.billing.prices import PriceBook, PriceError, prices_from_settings
+from llm_gateway.billing.quotas import BudgetBook, Quotas
+from llm_gateway.billing.spool import Spool
+from llm_gateway.config import ConfigError, Settings, is_postgres_url
 from llm_gateway.engine import Gateway
 from llm_gateway.limits import MemoryRateLimiter, RateLimiter
 from llm_gateway.limits.failover import FailoverRateLimiter
 from llm_gateway.outage import OutageCollector
-from llm_gateway.providers import profile_named
 from llm_gateway.relay import Relay
-from llm_gateway.routing.client import Upstream, UpstreamClient
+from llm_gateway.routing.client import UpstreamClient
+from llm_gateway.routing.config import parse_routes
+from llm_gateway.routing.health import HealthBook, Outcome
+from llm_gateway.routing.router import Router
+from llm_gateway.routing.shared_health import SharedHealth
+from llm_gateway.routing.source import KeyOpener, RouteSource
+from llm_gateway.routing.table import RouteTable
 from llm_gateway.stores import Store, open_store
-from llm_gateway.telemetry import Telemetry
+from llm_gateway.telemetry import StateCollector, Telemetry
 
 
 def build_gateway(
@@ -26,9 +41,12 @@ def build_gateway(
     store: Store | None = None,
     limiter: RateLimiter | None = None,
     client: UpstreamClient | None = None,
-    upstream: Upstream | None = None,
+    routes: RouteTable | None = None,
     key_cache_seconds: float = KEY_CACHE_SECONDS,
     tracer_provider: TracerProvider | None = None,
+    backoff_base: float = 0.5,
+    rng: random.Random | None = None,
+    health_clock: Callable[[], float] = time.time,
 ) -> Gateway:
     """The engine the settings describe; tests pass their own parts."""
     store = store or open_store(settings.database_url)
@@ -36,32 +54,78 @@ def build_gateway(
     auth = Authenticator(
         store, failure_policy=settings.auth_failure_policy, cache_seconds=key_cache_seconds,
         backend="postgres" if is_postgres_url(settings.database_url) else "sqlite",
+        jwt=jwt_verifier(settings),
     )
-    telemetry = Telemetry(settings, tracer_provider)
+    table = routes or parse_routes(settings.routes, os.environ, settings)
+    router = Router(table, HealthBook(table.health, health_clock), rng)
+    telemetry = Telemetry(settings, tracer_provider, known_models=router.known_models)
     outages = [auth.outage] + ([limiter.outage] if limiter.outage is not None else [])
-    telemetry.registry.register(OutageCollector(outages))
+    telemetry.watch(OutageCollector(outages))
+    router.on_outcome(lambda target, outcome, _, __: _count_failure(telemetry, target, outcome))
+    shared_health = None
+    if settings.redis_url:
+        shared_health = SharedHealth(settings.redis_url, router.health, router.target_keys,
+                                     namespace=settings.redis_namespace)
+        router.on_outcome(shared_health.listener)
+    route_source = RouteSource(settings, router, store, open_key=_key_opener(settings))
+    try:
+        seed_prices = prices_from_settings(settings.prices)
+    except PriceError as exc:
+        raise ConfigError("prices", str(exc).removeprefix("prices: ")) from None
+    quotas = Quotas(open_ledger(settings, store), BudgetBook(store), PriceBook())
+    relay = Relay(
+        client or UpstreamClient(), router, limiter,
+        response_limit_bytes=settings.upstream_response_limit_bytes,
+        max_event_bytes=settings.sse_event_limit_bytes, backoff_base=backoff_base,
+    )
+    usage = UsageWriter(store, Spool(settings.spool_dir()))
+    telemetry.watch(StateCollector(
+        target_states=lambda: {k: v.value for k, v in router.states().items()},
+        bulkheads=lambda: [(name, router.bulkhead.in_flight(name), provider.max_concurrency)
+                           for name, provider in router.table.providers.items()],
+        spool=lambda: (usage.spooled, usage.replayed, usage.pending),
+        budgets=quotas.used_ratios,
+    ))
     return Gateway(
-        settings,
-        store=store,
-        limiter=limiter,
-        auth=auth,
-        relay=Relay(client or UpstreamClient()),
-        upstream=upstream or default_upstream(settings),
-        profile=profile_named("venice"),
-        usage=UsageWriter(store),
-        telemetry=telemetry,
+        settings, store=store, limiter=limiter, auth=auth, relay=relay, router=router,
+        routes=route_source, shared_health=shared_health, quotas=quotas,
+        seed_prices=seed_prices, usage=usage, telemetry=telemetry,
     )
 
 
-def default_upstream(settings: Settings) -> Upstream:
-    """The provider the VENICE_* settings describe."""
-    return Upstream(
-        name="venice",
-        base_url=settings.venice_base_url,
-        api_key=settings.require_provider_key(),
-        max_retries=settings.venice_max_retries,
-        timeout=settings.request_timeout_seconds,
-    )
+_FAILURE_KINDS = {Outcome.CONNECT: "connect", Outcome.TIMEOUT: "timeout",
+                  Outcome.SERVER_ERROR: "5xx", Outcome.RATE_LIMITED: "429"}
+
+
+def _count_failure(telemetry: Telemetry, target: str, outcome: Outcome) -> None:
+    kind = _FAILURE_KINDS.get(outcome)
+    if kind is not None:
+        telemetry.upstream_failed(target.partition("/")[0], kind)
+
+
+def _key_opener(settings: Settings) -> KeyOpener | None:
+    """Opens provider keys stored encrypted (``providers set-key``), when the secret key
+    that sealed them is set."""
+    if not settings.secret_key:
+        return None
+    from llm_gateway.crypto import SecretBox, provider_key_context
+
+    box = SecretBox.from_secret(settings.secret_key)
+    return lambda name, nonce, sealed: box.open(nonce, sealed, context=provider_key_context(name))
+
+
+def open_ledger(settings: Settings, store: Store) -> Ledger:
+    """Where budgets are counted: Redis when REDIS_URL is set, else Postgres when the store
+    is, else in process (one gateway process: exact)."""
+    if settings.redis_url:
+        from llm_gateway.billing.ledger_redis import RedisLedger
+
+        return RedisLedger(settings.redis_url, namespace=settings.redis_namespace)
+    if is_postgres_url(settings.database_url):
+        from llm_gateway.billing.ledger_postgres import PostgresLedger
+
+        return PostgresLedger(store)  # type: ignore[arg-type]
+    return MemoryLedger()
 
 
 def open_limiter(settings: Settings, store: Store) -> RateLimiter:
@@ -71,7 +135,8 @@ def open_limiter(settings: Settings, store: Store) -> RateLimiter:
         from llm_gateway.limits.redis import RedisRateLimiter
 
         return FailoverRateLimiter(
-            RedisRateLimiter(settings.redis_url), settings.rate_limit_failure_policy
+            RedisRateLimiter(settings.redis_url, namespace=settings.redis_namespace),
+            settings.rate_limit_failure_policy,
         )
     if is_postgres_url(settings.database_url):
         from llm_gateway.limits.postgres import PostgresRateLimiter

@@ -12,7 +12,6 @@ from llm_gateway.billing.metering import UsageRecord
 from llm_gateway.config import Secret, Settings
 from llm_gateway.engine import Gateway
 from llm_gateway.keys import KeyRecord
-from llm_gateway.routing.client import Upstream
 from llm_gateway.testing.fake_upstream import FakeUpstream, running_fake_upstream
 from llm_gateway.testing.records import RecordedUsage
 from llm_gateway.wiring import build_gateway
@@ -80,6 +79,8 @@ def make_settings(tmp_path: Path, upstream_url: str, **overrides: object) -> Set
     settings = Settings(
         database_url=fresh_database_url(tmp_path),
         redis_url=TEST_REDIS_URL,
+        # The test's own Redis keys (limits, shared health): one directory, one namespace.
+        redis_namespace=f"llmg-test-{abs(hash(str(tmp_path))):x}",
         venice_api_key=Secret("sk-fake-upstream"),
         venice_base_url=upstream_url,
     )
@@ -94,12 +95,7 @@ def start_gateway(tmp_path: Path, fake_url: str):  # type: ignore[no-untyped-def
     def start(upstream_url: str | None = None, *, backoff_base: float = 0.01,
               **overrides: object) -> RunningGateway:
         settings = make_settings(tmp_path, upstream_url or fake_url, **overrides)
-        upstream = Upstream(
-            name="venice", base_url=settings.venice_base_url,
-            api_key=settings.require_provider_key(), max_retries=settings.venice_max_retries,
-            timeout=settings.request_timeout_seconds, backoff_base=backoff_base,
-        )
-        gateway = build_gateway(settings, upstream=upstream, key_cache_seconds=0)
+        gateway = build_gateway(settings, backoff_base=backoff_base, key_cache_seconds=0)
         finished = RecordedUsage()
         gateway.add_record_sink(finished)
         context = serve_in_thread(create_app(settings, gateway=gateway))

@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -104,15 +105,18 @@ def gateway_process(
     port = port or free_port()
     full_env = {**os.environ, "BIND_ADDR": f"127.0.0.1:{port}", **env}
     command = [str(BIN / "llm-gateway"), *(args or ("serve",))]
-    process = subprocess.Popen(
-        command, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_up(base + ready_path, process)
-        yield base
-    finally:
-        stop_process(process)
+    # Into a file, not a pipe: a gateway logs a line per request, and a pipe nobody reads
+    # would fill and stop it.
+    with tempfile.TemporaryFile(mode="w+") as output:
+        process = subprocess.Popen(command, env=full_env, stdout=output,
+                                   stderr=subprocess.STDOUT, text=True)
+        process.output_file = output  # type: ignore[attr-defined]
+        base = f"http://127.0.0.1:{port}"
+        try:
+            wait_until_up(base + ready_path, process)
+            yield base
+        finally:
+            stop_process(process)
 
 
 def stop_process(process: subprocess.Popen) -> None:  # type: ignore[type-arg]
@@ -129,7 +133,7 @@ def wait_until_up(url: str, process: subprocess.Popen[str] | None = None,
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
-            output = process.stdout.read() if process.stdout else ""
+            output = _output_of(process)
             raise AssertionError(f"process exited with {process.returncode}:\n{output}")
         try:
             if httpx.get(url, timeout=1).status_code == 200:
@@ -138,6 +142,14 @@ def wait_until_up(url: str, process: subprocess.Popen[str] | None = None,
             pass
         time.sleep(0.05)
     raise AssertionError(f"{url} did not come up in {timeout}s")
+
+
+def _output_of(process: subprocess.Popen[str]) -> str:
+    saved = getattr(process, "output_file", None)
+    if saved is not None:
+        saved.seek(0)
+        return str(saved.read())
+    return process.stdout.read() if process.stdout else ""
 
 
 def usage_records(database_url: str) -> list[UsageRecord]:

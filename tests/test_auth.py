@@ -162,3 +162,101 @@ async def test_last_use_is_noted_at_most_once_per_interval() -> None:
     clock.now += TOUCH_INTERVAL_SECONDS
     await auth.authenticate(f"Bearer {key}")
     assert auth.take_touches() == {record.id: clock.now}
+
+
+# ---- negative cache and constant-shape work (hostile clients) ---------------------------------
+
+def forged_key_with_valid_checksum() -> str:
+    """A key nobody issued, well-formed: it passes the checksum and reaches the store."""
+    from llm_gateway.keys import generate_key
+
+    return generate_key()
+
+
+async def test_an_unknown_prefix_costs_one_lookup_per_miss_lifetime() -> None:
+    from llm_gateway.auth import MISS_CACHE_SECONDS
+
+    store, clock = MemoryKeys(), Clock()
+    auth = authenticator(store, clock)
+    forged = forged_key_with_valid_checksum()
+    for _ in range(50):
+        assert code_of(await auth.authenticate(f"Bearer {forged}")) == "invalid_api_key"
+    assert store.lookups == 1
+    clock.now += MISS_CACHE_SECONDS
+    await auth.authenticate(f"Bearer {forged}")
+    assert store.lookups == 2
+
+
+async def test_a_key_created_after_a_miss_works_once_the_miss_expires_or_is_forgotten() -> None:
+    from llm_gateway.auth import MISS_CACHE_SECONDS
+
+    store, clock = MemoryKeys(), Clock()
+    auth = authenticator(store, clock)
+    record, key = store.add()
+    del store.by_prefix[record.prefix]
+    assert isinstance(await auth.authenticate(f"Bearer {key}"), Rejection)
+    store.by_prefix[record.prefix] = record  # created meanwhile, elsewhere
+    assert isinstance(await auth.authenticate(f"Bearer {key}"), Rejection)  # still a miss
+    clock.now += MISS_CACHE_SECONDS
+    assert await auth.authenticate(f"Bearer {key}") == record
+    auth.forget()
+    del store.by_prefix[record.prefix]
+    await auth.authenticate(f"Bearer {key}")
+    store.by_prefix[record.prefix] = record
+    auth.forget(record.prefix)  # what the admin API does in its own process
+    assert await auth.authenticate(f"Bearer {key}") == record
+
+
+async def test_the_miss_cache_is_bounded() -> None:
+    from llm_gateway import auth as auth_module
+
+    store = MemoryKeys()
+    auth = authenticator(store, Clock())
+    first = forged_key_with_valid_checksum()
+    await auth.authenticate(f"Bearer {first}")
+    for _ in range(auth_module.MISS_CACHE_SIZE):
+        await auth.authenticate(f"Bearer {forged_key_with_valid_checksum()}")
+    assert len(auth._misses) == auth_module.MISS_CACHE_SIZE
+    lookups = store.lookups
+    await auth.authenticate(f"Bearer {first}")  # the oldest was forgotten: looked up again
+    assert store.lookups == lookups + 1
+
+
+async def test_an_unknown_prefix_and_a_wrong_key_take_the_same_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both compare one SHA-256 against a stored hash (a dummy one for an unknown prefix),
+    so the response time does not tell which prefixes exist."""
+    from llm_gateway import auth as auth_module
+
+    compared: list[bytes] = []
+    real = auth_module.hash_matches
+
+    def counting(key: str, stored: bytes) -> bool:
+        compared.append(stored)
+        return real(key, stored)
+
+    monkeypatch.setattr(auth_module, "hash_matches", counting)
+    store = MemoryKeys()
+    record, key = store.add()
+    store.by_prefix[record.prefix] = replace(record, key_hash=b"\1" * 32)  # a wrong key
+    auth = authenticator(store, Clock())
+    assert code_of(await auth.authenticate(f"Bearer {key}")) == "invalid_api_key"
+    assert code_of(await auth.authenticate(
+        f"Bearer {forged_key_with_valid_checksum()}")) == "invalid_api_key"
+    assert len(compared) == 2 and compared[1] == bytes(32)
+    assert store.lookups == 2
+
+
+async def test_admin_tokens_and_jwts_are_no_gateway_keys() -> None:
+    from llm_gateway.admin.tokens import generate_token
+
+    store = MemoryKeys()
+    auth = authenticator(store, Clock())
+    token = generate_token()
+    assert code_of(await auth.authenticate(f"Bearer {token}")) == "invalid_api_key"
+    jwt_like = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln"
+    refused = await auth.authenticate(f"Bearer {jwt_like}")
+    assert code_of(refused) == "invalid_api_key"
+    assert b"does not accept JWTs" in refused.body  # type: ignore[union-attr]
+    assert store.lookups == 0

@@ -48,9 +48,9 @@ def test_chat_completion_relayed_with_usage_record(gw, fake: FakeUpstream) -> No
     [seen] = fake.requests
     assert seen.headers["authorization"] == "Bearer sk-fake-upstream"
     [usage] = gw.records()
-    assert usage.key_id == record.id and usage.status == 200 and usage.error_type is None
+    assert usage.key_id == record.id and usage.status == 200 and usage.error_code is None
     assert usage.total_tokens == response.json()["usage"]["total_tokens"] > 0
-    assert usage.cost_usd == response.json()["usage"]["cost"]["usd"]
+    assert float(usage.provider_cost_usd) == response.json()["usage"]["cost"]["usd"]
     assert usage.response_id == response.json()["id"]
     assert usage.finish_reasons == ["stop"]
 
@@ -166,7 +166,7 @@ def test_502_upstream_unreachable(start_gateway, fake: FakeUpstream) -> None:
     error = assert_error(post(gw.url, key), 502, "upstream_unreachable")
     assert error["type"] == "upstream_error"
     [usage] = gw.records()
-    assert (usage.status, usage.error_type, usage.attempts) == (502, "upstream_unreachable", 2)
+    assert (usage.status, usage.error_code, usage.attempts) == (502, "upstream_unreachable", 2)
 
 
 def test_504_upstream_timeout(start_gateway, fake: FakeUpstream) -> None:
@@ -175,7 +175,7 @@ def test_504_upstream_timeout(start_gateway, fake: FakeUpstream) -> None:
     fake.push_fault(Fault(delay=1.5))
     assert_error(post(gw.url, key), 504, "upstream_timeout")
     [usage] = gw.records()
-    assert (usage.status, usage.error_type) == (504, "upstream_timeout")
+    assert (usage.status, usage.error_code) == (504, "upstream_timeout")
 
 
 def test_provider_paths_outside_the_gateway_are_not_served(gw, fake: FakeUpstream) -> None:
@@ -202,7 +202,7 @@ def test_venice_error_shape_is_wrapped_with_message_verbatim(gw, fake: FakeUpstr
     assert error["message"] == "Insufficient USD or Diem balance"
     assert set(error) == {"message", "type", "code"}
     [usage] = gw.records()
-    assert (usage.status, usage.error_type) == (402, "upstream_error")
+    assert (usage.status, usage.error_code) == (402, "upstream_error")
 
 
 def test_retryable_status_is_retried_then_succeeds(gw, fake: FakeUpstream) -> None:
@@ -223,9 +223,10 @@ def test_retries_exhausted_keep_the_upstream_status(start_gateway, fake: FakeUps
     assert len(fake.requests) == 2
 
 
-def stream_body(gw_url: str, key: str, headers: dict[str, str] | None = None) -> bytes:
+def stream_body(gw_url: str, key: str, headers: dict[str, str] | None = None,
+                **fields: object) -> bytes:
     with httpx.stream("POST", gw_url + "/v1/chat/completions",
-                      json={**CHAT, "stream": True}, timeout=10,
+                      json={**CHAT, "stream": True, **fields}, timeout=10,
                       headers={"authorization": f"Bearer {key}", **(headers or {})}) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -233,14 +234,17 @@ def stream_body(gw_url: str, key: str, headers: dict[str, str] | None = None) ->
 
 
 def test_stream_is_relayed_byte_for_byte_and_metered(gw, fake: FakeUpstream) -> None:
-    body = stream_body(gw.url, gw.key(), {"x-fake-chunks": "5"})
+    """Venice sends its usage chunk asked or not; a client that asked gets it, exactly once."""
+    body = stream_body(gw.url, gw.key(), {"x-fake-chunks": "5"},
+                       stream_options={"include_usage": True})
     assert body.endswith(b"data: [DONE]\n\n")
     payloads = [json.loads(line[6:]) for line in body.split(b"\n\n")
                 if line.startswith(b"data: {")]
+    assert [p for p in payloads if "usage" in p] == [payloads[-1]]
     [usage] = gw.records()
-    assert usage.stream and usage.status == 200 and usage.error_type is None
+    assert usage.stream and usage.status == 200 and usage.error_code is None
     assert usage.completion_tokens == payloads[-1]["usage"]["completion_tokens"]
-    assert usage.cost_diem == payloads[-1]["usage"]["cost"]["diem"]
+    assert float(usage.provider_cost_diem) == payloads[-1]["usage"]["cost"]["diem"]
     assert usage.response_id == payloads[0]["id"]
     assert usage.finish_reasons == ["stop"]
     assert usage.first_chunk_ms is not None and usage.ttfb_ms is not None
@@ -255,16 +259,17 @@ def test_inband_stream_error_is_relayed_and_recorded_as_failed(gw, fake: FakeUps
     }
     assert frames[-1] == b"data: [DONE]"
     [usage] = gw.records()
-    assert (usage.status, usage.error_type) == (200, "upstream_inband_error")
+    assert (usage.status, usage.error_code) == (200, "upstream_inband_error")
 
 
 def test_stream_cut_by_upstream_ends_with_an_error_event(gw, fake: FakeUpstream) -> None:
     fake.push_fault(Fault(cut_after_chunks=2))
     body = stream_body(gw.url, gw.key())
-    last = body.strip().split(b"\n\n")[-1]
-    assert json.loads(last[6:])["error"]["code"] == "upstream_stream_interrupted"
+    *_, error, done = body.strip().split(b"\n\n")
+    assert json.loads(error[6:])["error"]["code"] == "upstream_stream_interrupted"
+    assert done == b"data: [DONE]"
     [usage] = gw.records()
-    assert usage.error_type == "upstream_stream_interrupted"
+    assert usage.error_code == "upstream_stream_interrupted"
 
 
 def test_client_disconnect_mid_stream_still_writes_a_record(
@@ -283,7 +288,7 @@ def test_client_disconnect_mid_stream_still_writes_a_record(
         assert b"200" in sock.recv(4096)
     gw.finished.wait_for(1)
     [usage] = gw.records()
-    assert usage.error_type == "client_disconnected"
+    assert usage.error_code == "client_disconnected"
     assert usage.stream and usage.duration_ms < 2000
 
 

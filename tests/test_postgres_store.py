@@ -11,6 +11,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from decimal import Decimal
 
 import httpx
 import psycopg
@@ -136,10 +137,11 @@ def test_usage_records_round_trip_and_duplicates_are_ignored(postgres_url: str) 
     record = new_key_record(name="k", subject_id=None, now=time.time())[0]
     usage = [
         UsageRecord(request_id=f"req_{i}", key_id=record.id, subject_id="k", adapter="asgi",
-                    endpoint="chat.completions", model="m", upstream="venice", stream=bool(i),
+                    endpoint="chat.completions", model="m", provider="venice", stream=bool(i),
                     status=200, started_at=1_700_000_000.25 + i, duration_ms=12.5,
-                    prompt_tokens=3, completion_tokens=4, total_tokens=7, cost_usd=0.001,
-                    cost_diem=None, response_id="chatcmpl-1", finish_reasons=["stop"],
+                    prompt_tokens=3, completion_tokens=4, total_tokens=7,
+                    cost_usd=Decimal("0.001"), provider_cost_diem=None,
+                    response_id="chatcmpl-1", finish_reasons=["stop"],
                     ttfb_ms=1.5, first_chunk_ms=None, max_gap_ms=None, attempts=2)
         for i in range(2)
     ]

@@ -205,7 +205,8 @@ def test_redis_outage_follows_the_policy_and_recovers_without_restart(outage_rep
         assert post(replica, key).status_code == 200
         assert limiter_state(replica) == (200, {"status": "ready", "checks": {
             "key_store": {"backend": "sqlite", "state": "ok"},
-            "rate_limiter": {"backend": "redis", "state": "ok"}}})
+            "rate_limiter": {"backend": "redis", "state": "ok"}},
+            "targets": {"venice/*": "healthy"}})
     assert int(redis.Redis.from_url(server.url).hget(counter, "count")) == 2  # type: ignore[arg-type]
 
     server.stop()

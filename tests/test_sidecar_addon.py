@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import httpx
 import pytest
 from aiohttp import web
 from mitmproxy import exceptions, http
@@ -20,6 +21,7 @@ from mitmproxy.connection import ConnectionState
 from mitmproxy.test import taddons, tflow, tutils
 
 from llm_gateway.adapters.mitm_addon import GatewayAddon
+from llm_gateway.adapters.mitm_relay import TOKEN_HEADER
 from llm_gateway.billing.metering import UsageRecord
 from llm_gateway.engine import Gateway
 from llm_gateway.keys import new_key_record
@@ -77,13 +79,24 @@ def llm_flow(key: str, body: object, path: str = "/api/v1/chat/completions") -> 
 
 
 async def admitted_flow(addon: GatewayAddon, key: str, body: object) -> http.HTTPFlow:
+    """An admitted stream, forwarded to the engine's relay: a single-use token and nothing
+    of the caller's request (its key least of all)."""
     flow = llm_flow(key, body)
     addon.requestheaders(flow)
     await addon.request(flow)
     assert flow.response is None, flow.response and flow.response.text
-    assert flow.request.url == UPSTREAM + "/chat/completions"
-    assert flow.request.headers["authorization"] == "Bearer sk-fake-upstream"
+    assert flow.request.host == "127.0.0.1" and flow.request.path == "/relay"
+    assert {name.lower() for name in flow.request.headers} == {
+        TOKEN_HEADER, "content-length", "host"}
+    assert flow.request.content == b""
     return flow
+
+
+async def relayed(flow: http.HTTPFlow) -> httpx.Response:
+    """What mitmproxy would fetch from the relay for ``flow``."""
+    async with httpx.AsyncClient() as client:
+        return await client.post(flow.request.url,
+                                 headers={TOKEN_HEADER: flow.request.headers[TOKEN_HEADER]})
 
 
 def test_configure_enforces_lazy_connections_and_allowed_hosts(tmp_path: Path) -> None:
@@ -99,70 +112,6 @@ def test_configure_enforces_lazy_connections_and_allowed_hosts(tmp_path: Path) -
             context.configure(addon, ignore_hosts=["api.venice.ai"])
         context.configure(addon, mode=["reverse:http://127.0.0.1:1"])
         assert options.allow_hosts == []  # a reverse proxy serves the gateway only
-
-
-async def test_a_compressed_stream_is_decoded_for_client_and_observer(
-    gateway: Gateway,
-) -> None:
-    addon = GatewayAddon(gateway)
-    flow = await admitted_flow(addon, await new_key(gateway), {**CHAT, "stream": True})
-    flow.response = tutils.tresp(
-        headers=http.Headers(content_type="text/event-stream", content_encoding="gzip"),
-        content=None,
-    )
-    addon.responseheaders(flow)
-    assert "content-encoding" not in flow.response.headers
-    assert flow.response.headers["transfer-encoding"] == "chunked"
-    relay = flow.response.stream
-    assert callable(relay)
-    compressed = gzip.compress(sse_reply())
-    relayed = b"".join(relay(compressed[i:i + 7]) for i in range(0, len(compressed), 7))
-    assert relayed + relay(b"") == sse_reply()
-    addon.response(flow)
-    [record] = finished(gateway)
-    assert (record.total_tokens, record.finish_reasons, record.error_type) == (4, ["stop"], None)
-
-
-async def test_a_compressed_json_body_is_observed_and_relayed_decoded(gateway: Gateway) -> None:
-    """mitmproxy forwards streams only; a provider may answer one with JSON anyway."""
-    addon = GatewayAddon(gateway)
-    flow = await admitted_flow(addon, await new_key(gateway), {**CHAT, "stream": True})
-    body = json.dumps({"id": "chatcmpl-2", "model": "llama-3.3-70b",
-                       "choices": [{"index": 0, "finish_reason": "length"}],
-                       "usage": {"prompt_tokens": 2, "completion_tokens": 5,
-                                 "total_tokens": 7}}).encode()
-    flow.response = tutils.tresp(
-        headers=http.Headers(content_type="application/json", content_encoding="gzip"),
-        content=gzip.compress(body),
-    )
-    addon.responseheaders(flow)
-    addon.response(flow)
-    assert flow.response.raw_content == body
-    assert flow.response.headers["content-length"] == str(len(body))
-    [record] = finished(gateway)
-    assert (record.total_tokens, record.finish_reasons) == (7, ["length"])
-
-
-async def test_a_failing_responseheaders_hook_kills_the_flow_and_finishes(
-    gateway: Gateway,
-) -> None:
-    addon = GatewayAddon(gateway)
-    flow = await admitted_flow(addon, await new_key(gateway), {**CHAT, "stream": True})
-    flow.response = tutils.tresp()
-    flow.response.status_code = "not a status"  # type: ignore[assignment]
-    addon.responseheaders(flow)
-    assert flow.error is not None and flow.error.msg == flow.error.KILLED_MESSAGE
-    [record] = finished(gateway)
-    assert (record.status, record.error_type) == (502, "gateway_error")
-
-
-async def test_an_upstream_that_cannot_be_reached_is_recorded(gateway: Gateway) -> None:
-    addon = GatewayAddon(gateway)
-    flow = await admitted_flow(addon, await new_key(gateway), {**CHAT, "stream": True})
-    flow.error = tflow.terr("Connection refused")
-    addon.error(flow)
-    [record] = finished(gateway)
-    assert (record.status, record.error_type) == (502, "upstream_unreachable")
 
 
 @contextlib.asynccontextmanager
@@ -187,6 +136,60 @@ async def engine_for(tmp_path: Path, upstream: str) -> Gateway:
                                      key_cache_seconds=0))
     await engine.start()
     return engine
+
+
+async def test_a_stream_goes_through_the_relay_decoded_and_observed(tmp_path: Path) -> None:
+    """The provider compresses anyway: the engine decodes, observes and relays; the
+    usage chunk nobody asked for stays with the gateway."""
+    async def sse(request: web.Request) -> web.Response:
+        return web.Response(body=gzip.compress(sse_reply()), content_type="text/event-stream",
+                            headers={"content-encoding": "gzip"})
+
+    async with upstream_answering(sse) as upstream:
+        gateway = await engine_for(tmp_path, upstream)
+        addon = GatewayAddon(gateway)
+        try:
+            await addon.start()
+            flow = await admitted_flow(addon, await new_key(gateway), {**CHAT, "stream": True})
+            response = await relayed(flow)
+            assert response.status_code == 200 and "content-encoding" not in response.headers
+            assert response.content == sse_reply()  # one frame: content and usage together
+            [record] = finished(gateway)
+            assert (record.total_tokens, record.finish_reasons, record.error_code) == (
+                4, ["stop"], None)
+            again = await relayed(flow)  # a token serves once
+            assert again.status_code == 404
+        finally:
+            await addon.done()
+
+
+async def test_an_unreachable_upstream_is_answered_by_the_relay_and_recorded(
+    tmp_path: Path,
+) -> None:
+    gateway = await engine_for(tmp_path, UPSTREAM)
+    addon = GatewayAddon(gateway)
+    try:
+        await addon.start()
+        flow = await admitted_flow(addon, await new_key(gateway), {**CHAT, "stream": True})
+        response = await relayed(flow)
+        assert response.status_code == 502
+        assert response.json()["error"]["code"] == "upstream_unreachable"
+        [record] = finished(gateway)
+        assert (record.status, record.error_code) == (502, "upstream_unreachable")
+    finally:
+        await addon.done()
+
+
+async def test_a_stream_that_never_reached_the_relay_is_finished_by_the_error_hook(
+    gateway: Gateway,
+) -> None:
+    addon = GatewayAddon(gateway)
+    await addon.start()
+    flow = await admitted_flow(addon, await new_key(gateway), {**CHAT, "stream": True})
+    flow.error = tflow.terr("Connection refused")
+    addon.error(flow)
+    [record] = finished(gateway)
+    assert (record.status, record.error_code) == (502, "gateway_error")
 
 
 async def test_a_stream_nobody_asked_for_is_answered_whole(tmp_path: Path) -> None:
@@ -240,7 +243,7 @@ async def test_a_client_gone_while_the_engine_waits_is_recorded(tmp_path: Path) 
             assert time.monotonic() - started < 1
             assert flow.error is not None and flow.error.msg == flow.error.KILLED_MESSAGE
             [record] = finished(gateway)
-            assert (record.status, record.error_type) == (499, "client_disconnected")
+            assert (record.status, record.error_code) == (499, "client_disconnected")
             addon.error(flow)  # mitmproxy reports the killed flow: finished already
             assert len(finished(gateway)) == 1
             await asyncio.wait_for(hung_up.wait(), 5)  # the upstream request was dropped

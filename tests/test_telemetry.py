@@ -10,6 +10,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 from asgi_middleware import create_app
 from llm_gateway.testing.fake_upstream import FakeUpstream
@@ -44,8 +45,12 @@ def test_chat_span_has_genai_attributes_and_no_keys(traced, fake: FakeUpstream) 
                             headers={"authorization": f"Bearer {key}"})
         assert stream.status_code == 200
         metrics = httpx.get(url + "/metrics").text
-    spans = exporter.get_finished_spans()
+    every_span = exporter.get_finished_spans()
+    spans = [s for s in every_span if s.kind is SpanKind.CLIENT]
+    servers = [s for s in every_span if s.kind is SpanKind.SERVER]
     assert [s.name for s in spans] == ["chat llama-3.3-70b", "chat llama-3.3-70b"]
+    assert [s.name for s in servers] == ["POST /chat/completions"] * 2
+    assert spans[0].parent is not None and spans[0].parent.span_id == servers[0].context.span_id
     attributes = dict(spans[0].attributes or {})
     body = response.json()
     assert attributes["gen_ai.operation.name"] == "chat"
@@ -56,11 +61,14 @@ def test_chat_span_has_genai_attributes_and_no_keys(traced, fake: FakeUpstream) 
     assert attributes["gen_ai.usage.output_tokens"] == body["usage"]["completion_tokens"]
     assert tuple(attributes["gen_ai.response.finish_reasons"]) == ("stop",)
     assert "llm_gateway.time_to_first_chunk_ms" in dict(spans[1].attributes or {})
-    everything = repr([dict(s.attributes or {}) for s in spans]) + metrics
+    everything = repr([dict(s.attributes or {}) for s in every_span]) + metrics
     assert key not in everything and "sk-fake-upstream" not in everything
     assert "secret prompt" not in everything  # prompts only with CAPTURE_GENAI_CONTENT
-    assert 'llm_gateway_requests_total{adapter="asgi",endpoint="chat.completions"' in metrics
-    output_tokens = 'endpoint="chat.completions",model="llama-3.3-70b",type="output"'
+    prefix = key[:12]
+    assert (f'llm_gateway_requests_total{{code="",key="{prefix}",model="llama-3.3-70b",'
+            f'provider="venice",status="200",subject="test"}} 2.0') in metrics
+    output_tokens = (f'key="{prefix}",model="llama-3.3-70b",provider="venice",subject="test",'
+                     'type="output"')
     assert f"llm_gateway_tokens_total{{{output_tokens}}}" in metrics
 
 
@@ -70,7 +78,7 @@ def test_prompt_capture_is_opt_in(traced, fake: FakeUpstream) -> None:
     with serve_in_thread(create_app(settings, gateway=gateway)) as url:
         httpx.post(url + "/v1/chat/completions", json=CHAT,
                    headers={"authorization": f"Bearer {key}"})
-    [span] = exporter.get_finished_spans()
+    [span] = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.CLIENT]
     assert "secret prompt" in str((span.attributes or {})["gen_ai.input.messages"])
 
 
@@ -79,9 +87,11 @@ def test_rejections_and_errors_are_counted(traced, fake: FakeUpstream) -> None:
     with serve_in_thread(create_app(settings, gateway=gateway)) as url:
         assert httpx.post(url + "/v1/chat/completions", json=CHAT).status_code == 401
         metrics = httpx.get(url + "/metrics").text
-    assert ('llm_gateway_rejections_total{adapter="asgi",code="invalid_api_key",status="401"} 1.0'
+    assert ('llm_gateway_rejections_total{code="invalid_api_key",key="none",status="401"} 1.0'
             in metrics)
-    assert exporter.get_finished_spans() == ()
+    [server] = exporter.get_finished_spans()  # a refusal has its server span, no client span
+    assert server.kind is SpanKind.SERVER
+    assert (server.attributes or {})["error.type"] == "invalid_api_key"
 
 
 def test_spans_are_exported_over_otlp_http(tmp_path, fake_url, fake: FakeUpstream) -> None:

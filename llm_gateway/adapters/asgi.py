@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 
 from llm_gateway import errors
+from llm_gateway.adapters.identity import bound, inbound_identity
+from llm_gateway.adapters.inprocess import process_gateway
 from llm_gateway.asgi_types import (
     ASGIApp,
     Message,
@@ -48,7 +50,15 @@ async def _send_rejection(send: Send, rejection: Rejection) -> None:
 
 class GatewayMiddleware:
     """Serves the gateway under ``prefix`` (default ``/v1``) plus ``/healthz``,
-    ``/readyz`` and ``/metrics``; every other request goes to the wrapped app."""
+    ``/readyz`` and ``/metrics``; every other request goes to the wrapped app.
+
+    ``govern_outbound=True``: while the app serves a request, the credential that request
+    carries in ``identity_header`` (``Bearer <gateway key or JWT>``, or the bare key) is
+    bound to its context, so the app's own LLM calls through the in-process transport
+    are limited and charged to that caller; the engine authenticates it when such a call
+    is admitted. Without a gateway or settings, the middleware then uses this process's
+    engine, the one ``openai_client()`` shares: one engine per process.
+    """
 
     def __init__(
         self,
@@ -57,9 +67,15 @@ class GatewayMiddleware:
         *,
         settings: Settings | None = None,
         prefix: str | None = None,
+        govern_outbound: bool = False,
+        identity_header: str = "authorization",
     ) -> None:
         self.app = app
+        if gateway is None and settings is None and govern_outbound:
+            gateway = process_gateway()
         self.gateway = gateway or build_gateway(settings or load_settings())
+        self.identity_header = (identity_header.lower().encode("latin-1")
+                                if govern_outbound else None)
         chosen = prefix if prefix is not None else self.gateway.settings.api_prefix
         self.prefix = chosen.rstrip("/")
 
@@ -88,7 +104,18 @@ class GatewayMiddleware:
         elif kind == "lifespan":
             await self.app(scope, self._lifespan_receive(receive, send), send)
             return
-        await self.app(scope, receive, send)
+        await self._call_app(scope, receive, send)
+
+    async def _call_app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        identity = None
+        if self.identity_header is not None and scope["type"] in ("http", "websocket"):
+            identity = inbound_identity(scope["headers"], self.identity_header)
+        if identity is None:
+            # Nothing to bind: an identity bound further out (acting_as) stays in force.
+            await self.app(scope, receive, send)
+            return
+        with bound(identity):
+            await self.app(scope, receive, send)
 
     def _lifespan_receive(self, receive: Receive, send: Send) -> Receive:
         async def wrapped() -> Message:

@@ -3,23 +3,23 @@
 It translates flows into the engine's ``IncomingRequest`` and the engine's answers back
 into flows; every rule (which hosts are LLM hosts, which paths may be forwarded, keys,
 limits, the provider key, the egress policy, retries, timeouts, error bodies) is the
-engine's. Who sends depends on the request:
+engine's, and the engine sends every admitted request (failover, timeouts, error
+shapes, usage chunks: what ``serve`` does):
 
-- not a stream: the engine sends (``Exchange.respond``: its pooled client, retries,
-  timeouts, OpenAI-shaped 502/504s) and the addon sets the answer as ``flow.response``;
-  mitmproxy then opens no upstream connection for the flow.
-- a stream (``"stream": true``): mitmproxy forwards, relaying each chunk as it arrives,
-  and the engine names the upstream and its headers and observes what comes back.
+- not a stream: the engine answers in the ``request`` hook and the addon sets the answer
+  as ``flow.response``; mitmproxy opens no upstream connection for the flow.
+- a stream: mitmproxy cannot stream an answer an addon makes, so the flow is forwarded to
+  the engine's stream relay on a loopback port (``mitm_relay``), which sends it and writes
+  the answer back as it arrives; mitmproxy carries it to the client chunk by chunk.
 
 For a request to an LLM host the hooks run in this order::
 
     http_connect     (CONNECT, regular mode) egress policy for the other hosts
     requestheaders   is it an LLM host? keep its body buffered; refuse an oversized one
     request          admit: answer the rejection; the engine's answer (not a stream);
-                     or rewrite to the engine's upstream (a stream)
-    responseheaders  forwarded: the status and headers the engine gives the client
-    response         forwarded: observe a whole body; finish
-    error            finish (client gone, upstream gone)
+                     or forward to the stream relay (a stream)
+    responseheaders  forwarded: the relay's answer passes through, chunk by chunk
+    error            finish what the relay never got (the relay finishes the rest)
 
 Fail closed. mitmproxy runs each hook inside a safe-call wrapper that logs an exception
 and lets the flow continue, unchanged: an exception after the gateway key was checked
@@ -45,12 +45,11 @@ from typing import Any
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.addonmanager import Loader
 from mitmproxy.connection import ConnectionState
-from mitmproxy.net import encoding
 from mitmproxy.net.http import url as mitm_url
 from mitmproxy.proxy.mode_specs import ReverseMode
 
 from llm_gateway import errors
-from llm_gateway.adapters.mitm_stream import IncrementalDecoder, SseRelay, stream_framing
+from llm_gateway.adapters.mitm_relay import TOKEN_HEADER, StreamRelay
 from llm_gateway.config import ConfigError, load_settings
 from llm_gateway.engine import Gateway
 from llm_gateway.errors import Rejection
@@ -63,7 +62,6 @@ log = logging.getLogger("llm_gateway.sidecar")
 ADAPTER_NAME = "sidecar"
 # Where a flow's gateway state lives: on the flow, so it goes when mitmproxy drops it.
 _STATE_KEY = "llm_gateway"
-_IDENTITY_ENCODINGS = frozenset({"", "identity", "none"})
 # mitmproxy's message when the client side of a connection closed.
 _CLIENT_DISCONNECTED = "Client disconnected."
 # How often a request the engine is sending checks that its client is still there.
@@ -76,12 +74,8 @@ class _LlmFlow:
 
     api_root: str
     exchange: Exchange | None = None
-    # True once the request was rewritten to the engine's upstream: only then is the
-    # response the provider's as mitmproxy received it, to be relayed and observed.
-    forwarded: bool = False
-    content_encoding: str | None = None  # the upstream's, for a buffered body
-    # What the client gets for a buffered body, applied once the body is complete.
-    client_headers: list[tuple[str, str]] | None = None
+    # Set once the request was forwarded to the stream relay: the relay finishes it.
+    relay_token: str | None = None
 
 
 class GatewayAddon:
@@ -93,6 +87,7 @@ class GatewayAddon:
 
     def __init__(self, gateway: Gateway | None = None) -> None:
         self._gateway = gateway
+        self._relay: StreamRelay | None = None
         # Admitted and not yet finished: finished at shutdown if mitmproxy never says how
         # they ended. Removed at finish, so it holds only requests in flight.
         self._in_flight: set[Exchange] = set()
@@ -161,12 +156,22 @@ class GatewayAddon:
         return patterns
 
     async def running(self) -> None:
+        await self.start()
+
+    async def start(self) -> None:
+        """Start the engine and the stream relay (the sidecar calls this before it opens
+        its proxy port; under mitmdump the ``running`` hook does)."""
         await self.engine().start()
+        if self._relay is None:
+            self._relay = StreamRelay(self.engine())
+            await self._relay.start()
 
     async def done(self) -> None:
         for exchange in list(self._in_flight):
             exchange.fail(503, "gateway_shutdown")
             self._finish(exchange)
+        if self._relay is not None:
+            await self._relay.close()
         await self.engine().close()
 
     # ---- requests -----------------------------------------------------------------
@@ -224,7 +229,9 @@ class GatewayAddon:
                 if state.exchange is not None:
                     state.exchange.fail(500, "gateway_error")
                     self._finish(state.exchange)
-                state.forwarded = False
+                if state.relay_token is not None and self._relay is not None:
+                    self._relay.withdraw(state.relay_token)
+                state.relay_token = None
             _answer_failure(flow)
 
     async def _admit(self, flow: http.HTTPFlow, state: _LlmFlow) -> None:
@@ -248,15 +255,15 @@ class GatewayAddon:
         if not admitted.stream:
             await self._respond(flow, admitted)
             return
-        # Everything is computed before the flow changes, so a failure part-way leaves
-        # the caller's request as it was, for the error answer to replace.
-        upstream_url = admitted.upstream_url()
-        upstream_headers = admitted.upstream_headers()
-        upstream_headers.append(("content-length", str(len(body))))  # a stream: a POST
-        request.url = upstream_url
-        request.headers = _mitm_headers(upstream_headers)
+        if self._relay is None:
+            await self.start()
+        assert self._relay is not None
+        token = self._relay.register(admitted)
+        request.url = f"http://127.0.0.1:{self._relay.port}/relay"
+        request.headers = _mitm_headers([(TOKEN_HEADER, token), ("content-length", "0")])
         request.host_header = mitm_url.hostport(request.scheme, request.host, request.port)
-        state.forwarded = True
+        request.content = b""
+        state.relay_token = token
 
     async def _respond(self, flow: http.HTTPFlow, exchange: Exchange) -> None:
         """The engine sends and answers; finished in ``response`` (or ``error``).
@@ -311,66 +318,19 @@ class GatewayAddon:
     # ---- responses ----------------------------------------------------------------
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        state = _forwarded(flow)
-        if state is None or state.exchange is None or flow.response is None:
-            return
-        exchange, response = state.exchange, flow.response
-        try:
-            content_encoding = response.headers.get("content-encoding", "").strip().lower()
-            client_headers = exchange.on_response_start(
-                response.status_code, response.headers.items(multi=True)
-            )
-            if exchange.is_sse:
-                identity = content_encoding in _IDENTITY_ENCODINGS
-                decoder = None if identity else IncrementalDecoder.for_encoding(content_encoding)
-                if not identity and decoder is None:
-                    # An encoding this adapter cannot undo: relay it as it is, labelled.
-                    client_headers.append(("content-encoding", content_encoding))
-                client_headers.extend(
-                    stream_framing(response.headers, decoded=decoder is not None)
-                )
-                response.stream = SseRelay(exchange, decoder)
-                # Sent now, as the stream starts.
-                response.headers = _mitm_headers(client_headers)
-            else:
-                # A whole body is observed once and may be rewritten (errors, /models).
-                response.stream = False
-                state.content_encoding = content_encoding or None
-                # Applied in `response`: until the body is complete, mitmproxy's upstream
-                # connection reads the framing (content-length...) from these very headers
-                # to decide whether it can be kept for the next request.
-                state.client_headers = client_headers
-        except Exception:
-            log.exception("llm-gateway: responseheaders failed; killing the flow")
-            exchange.fail(502, "gateway_error")
-            self._finish(exchange)
-            _kill(flow)
+        """The relay's answer, already the client's: through as it arrives."""
+        state = flow.metadata.get(_STATE_KEY)
+        if isinstance(state, _LlmFlow) and state.relay_token is not None and flow.response:
+            flow.response.stream = True
 
     def response(self, flow: http.HTTPFlow) -> None:
         state = flow.metadata.get(_STATE_KEY)
-        if not isinstance(state, _LlmFlow) or state.exchange is None or flow.response is None:
+        if not isinstance(state, _LlmFlow) or state.exchange is None:
             return
-        exchange, response = state.exchange, flow.response
-        if not state.forwarded:
-            self._finish(exchange)  # the engine's own answer, observed as it was made
-            return
-        try:
-            if not exchange.is_sse:
-                raw = response.raw_content or b""
-                if state.content_encoding:
-                    raw = encoding.decode(raw, state.content_encoding)
-                body = exchange.complete_body(bytes(raw))
-                response.headers = _mitm_headers(
-                    [*(state.client_headers or []), ("content-length", str(len(body)))]
-                )
-                response.raw_content = body
-            self._finish(exchange)
-        except Exception:
-            log.exception("llm-gateway: response failed; answering 502")
-            exchange.fail(502, "gateway_error")
-            self._finish(exchange)
-            if not exchange.is_sse:  # a streamed body went out already
-                _answer_failure(flow, status=502)
+        if state.relay_token is None:
+            self._finish(state.exchange)  # the engine's own answer, observed as it was made
+        else:
+            self._in_flight.discard(state.exchange)  # the relay finished it
 
     def error(self, flow: http.HTTPFlow) -> None:
         state = flow.metadata.get(_STATE_KEY)
@@ -378,19 +338,13 @@ class GatewayAddon:
             return
         exchange = state.exchange
         try:
-            if _client_gone(flow):
-                self._finish(exchange, client_disconnected=True)
-                return
-            if not state.forwarded:
-                self._finish(exchange)  # the engine answered: it failed, if at all, itself
-                return
-            if flow.response is None:
-                exchange.fail(502, "upstream_unreachable")
-            elif exchange.is_sse:
-                exchange.fail(502, "upstream_stream_interrupted")
-            else:
-                exchange.fail(502, "upstream_broken_response")
-            self._finish(exchange)
+            if state.relay_token is not None and self._relay is not None:
+                if self._relay.withdraw(state.relay_token) is None:
+                    self._in_flight.discard(exchange)  # the relay has it and finishes it
+                    return
+                # Never reached the relay: mitmproxy could not connect to its own port.
+                exchange.fail(502, "gateway_error")
+            self._finish(exchange, client_disconnected=_client_gone(flow))
         except Exception:
             log.exception("llm-gateway: error hook failed")
 
@@ -400,11 +354,6 @@ class GatewayAddon:
 
 
 # ---- translation helpers ---------------------------------------------------------------
-
-
-def _forwarded(flow: http.HTTPFlow) -> _LlmFlow | None:
-    state = flow.metadata.get(_STATE_KEY)
-    return state if isinstance(state, _LlmFlow) and state.forwarded else None
 
 
 def _mitm_headers(headers: Iterable[tuple[str, str]]) -> http.Headers:

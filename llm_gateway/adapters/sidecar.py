@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import uvicorn
 from mitmproxy import options as mitm_options
 from mitmproxy.addons import (
     block,
@@ -39,11 +40,12 @@ from mitmproxy.addons import (
 )
 from mitmproxy.master import Master
 
-from llm_gateway import errors
 from llm_gateway.adapters.ca import install_for_mitmproxy, load_or_create_ca, write_ca_bundle
 from llm_gateway.adapters.mitm_addon import GatewayAddon
+from llm_gateway.adapters.mitm_guard import ConnectionGuard
+from llm_gateway.adapters.server import server_config
 from llm_gateway.config import HostPort, Settings, host_port_argument
-from llm_gateway.engine import Gateway
+from llm_gateway.engine import Gateway, Readiness
 from llm_gateway.stores import StoreUnavailable
 from llm_gateway.wiring import build_gateway
 
@@ -54,7 +56,6 @@ MODES = ("regular", "reverse")
 # request itself or rewrites it to the engine's upstream, so a request that somehow
 # skipped the addon goes nowhere instead of to the provider.
 REVERSE_BLACK_HOLE = "http://127.0.0.1:1"
-ADMIN_READ_TIMEOUT_SECONDS = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,59 +89,36 @@ def parse_arguments(argv: Sequence[str]) -> SidecarArguments:
     return SidecarArguments(args.listen, args.admin, args.mode, args.ca_dir, args.ca_bundle_out)
 
 
-class AdminServer:
-    """``/healthz`` (the process is alive) and ``/readyz`` (it can serve) over HTTP/1.1.
-
-    Probes ask one question per connection, so a request line and headers are read,
-    answered, and the connection closed: nothing more is needed, nor accepted.
-    """
+class AdminListener:
+    """The sidecar's admin port: the admin app (``/admin/v1``, the console, ``/healthz``,
+    ``/readyz``, ``/metrics``) on uvicorn, in the sidecar's own event loop."""
 
     def __init__(self, sidecar: Sidecar) -> None:
         self._sidecar = sidecar
-        self._server: asyncio.Server | None = None
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
-        self._server = await asyncio.start_server(self._serve, host, port)
-        address = self._server.sockets[0].getsockname()
+        from llm_gateway.admin.app import create_admin_app
+
+        app = create_admin_app(self._sidecar.gateway, readiness=self._sidecar.readiness)
+        config = server_config(app, HostPort(host, port), self._sidecar.gateway.settings)
+        self._server = uvicorn.Server(config)
+        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._task = asyncio.get_running_loop().create_task(self._server.serve())
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises what stopped it
+                raise OSError(f"the admin port {host}:{port} did not start")
+            await asyncio.sleep(0.01)
+        address = self._server.servers[0].sockets[0].getsockname()
         return address[0], address[1]
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"),
-                                          ADMIN_READ_TIMEOUT_SECONDS)
-            method, _, rest = head.split(b"\r\n", 1)[0].decode("latin-1").partition(" ")
-            path = rest.partition(" ")[0].partition("?")[0]
-            status, body = await self._answer(method, path)
-            writer.write(
-                f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}\r\n"
-                f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
-                "connection: close\r\n\r\n".encode() + body
-            )
-            await writer.drain()
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                ConnectionError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-
-    async def _answer(self, method: str, path: str) -> tuple[int, bytes]:
-        if method not in ("GET", "HEAD"):
-            return 405, errors.error_body_for("method_not_allowed", "Only GET.")
-        if path == "/healthz":
-            return 200, b'{"status":"ok"}'
-        if path == "/readyz":
-            problem = await self._sidecar.not_ready_because()
-            if problem is None:
-                return 200, b'{"status":"ready"}'
-            return 503, errors.error_body_for("not_ready", problem)
-        return 404, errors.not_found(method, path).body
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(self._task, 5)
 
 
 class StartupErrorCheck(errorcheck.ErrorCheck):
@@ -191,7 +169,7 @@ class Sidecar:
         self.admin_address: tuple[str, int] | None = None
         self.started = asyncio.Event()
         self._master: Master | None = None
-        self._admin_server = AdminServer(self)
+        self._admin_server = AdminListener(self)
 
     def mode_spec(self) -> str:
         return "regular" if self.mode == "regular" else f"reverse:{REVERSE_BLACK_HOLE}"
@@ -202,7 +180,7 @@ class Sidecar:
         # ``running`` hook, there for mitmdump, finds it started), and a store that is down
         # stops the sidecar before mitmproxy has hooked itself into logging.
         try:
-            await self.gateway.start()
+            await self.addon.start()
         except BaseException:
             await self.gateway.close()
             raise
@@ -216,6 +194,9 @@ class Sidecar:
             disable_h2c.DisableH2C(),
             proxy_server,
             next_layer.NextLayer(),
+            # Reviews NextLayer's choices: connection deadlines, header size, and a
+            # tunnel decided by its CONNECT target, never by the SNI alone.
+            ConnectionGuard(self.gateway),
             tlsconfig.TlsConfig(),
             startup_check,
             self.addon,
@@ -262,6 +243,13 @@ class Sidecar:
         """Stop serving; safe to call from any thread."""
         if self._master is not None:
             self._master.shutdown()
+
+    async def readiness(self) -> Readiness:
+        """The engine's readiness, unless the sidecar itself is not ready yet."""
+        problem = await self.not_ready_because()
+        if problem is None or problem == "The key store is not reachable.":
+            return await self.gateway.readiness()
+        return Readiness("unavailable", {"sidecar": {"state": "unavailable", "error": problem}})
 
     async def not_ready_because(self) -> str | None:
         """None when the sidecar can serve; otherwise what it is waiting for."""

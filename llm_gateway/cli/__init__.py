@@ -4,16 +4,16 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 
-from llm_gateway.cli import keys, run
-from llm_gateway.cli.common import EXIT_CONFIG
+from llm_gateway.cli import admin, billing, keys, providers, routes, run, usage
+from llm_gateway.cli.common import EXIT_CONFIG, settings_from
 from llm_gateway.config import ConfigError
+from llm_gateway.telemetry.logs import configure_logging
 
 # In the order `--help` lists them.
-COMMAND_GROUPS = (run, keys)
+COMMAND_GROUPS = (run, keys, admin, billing, usage, providers, routes)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,12 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     try:
+        configure_logging(settings_from(args).log_format)
         if getattr(args, "passthrough", False):
             return args.handler(args, rest)
         if rest:

@@ -1,4 +1,5 @@
-"""`llm-gateway keys`: create, list, revoke and rotate gateway keys."""
+"""`llm-gateway keys`: create, list, show, update, disable, enable, revoke and rotate
+gateway keys, through the admin service (so each change is audited as ``cli``)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import sys
 import time
 from typing import Any
 
-from llm_gateway.cli.common import EXIT_CONFIG, EXIT_FAILED, settings_from, with_store
+from llm_gateway.admin.service import CLI_ACTOR, AdminService, key_fields, key_state
+from llm_gateway.cli.admin import run_admin
+from llm_gateway.cli.common import EXIT_CONFIG, settings_from, with_store
 from llm_gateway.config import Settings
 from llm_gateway.keys import (
     DEFAULT_RATE_LIMIT,
     KeyRecord,
-    new_key_record,
     parse_duration,
     parse_rate_limit,
 )
@@ -36,13 +38,42 @@ def register(commands: Any) -> None:
     listing = keys.add_parser("list", help="list keys (prefixes only, never keys)")
     listing.add_argument("--json", action="store_true")
     listing.set_defaults(handler=cmd_keys_list)
-    revoke = keys.add_parser("revoke", help="revoke a key")
-    revoke.add_argument("key", metavar="PREFIX|ID")
-    revoke.set_defaults(handler=cmd_keys_revoke)
+    show = keys.add_parser("show", help="one key's settings and state")
+    show.add_argument("key", metavar="PREFIX|ID")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(handler=cmd_keys_show)
+    _register_update(keys)
+    for name, help_text in (("disable", "refuse a key until it is enabled again"),
+                            ("enable", "accept a disabled key again (never a revoked one)"),
+                            ("revoke", "revoke a key")):
+        command = keys.add_parser(name, help=help_text)
+        command.add_argument("key", metavar="PREFIX|ID")
+        command.set_defaults(handler=_STATE_COMMANDS[name])
     rotate = keys.add_parser("rotate", help="issue a new key and revoke the old one")
     rotate.add_argument("key", metavar="PREFIX|ID")
     rotate.add_argument("--json", action="store_true")
     rotate.set_defaults(handler=cmd_keys_rotate)
+
+
+def _register_update(keys: Any) -> None:
+    update = keys.add_parser("update", help="change a key's name, subject, limit, models "
+                                            "or expiry")
+    update.add_argument("key", metavar="PREFIX|ID")
+    update.add_argument("--name")
+    update.add_argument("--subject")
+    update.add_argument("--rate-limit", metavar="N/SECONDS")
+    models = update.add_mutually_exclusive_group()
+    models.add_argument("--models", help="comma-separated allowed models")
+    models.add_argument("--all-models", action="store_true", help="allow every model")
+    expiry = update.add_mutually_exclusive_group()
+    expiry.add_argument("--expires-in", metavar="DURATION", help="from now, e.g. 30d")
+    expiry.add_argument("--no-expiry", action="store_true")
+    update.add_argument("--json", action="store_true")
+    update.set_defaults(handler=cmd_keys_update)
+
+
+def _models(text: str) -> tuple[str, ...]:
+    return tuple(m.strip() for m in text.split(",") if m.strip())
 
 
 async def create_key(
@@ -51,32 +82,17 @@ async def create_key(
     expires_at: float | None = None,
 ) -> tuple[KeyRecord, str]:
     async def work(store: Store) -> tuple[KeyRecord, str]:
-        record, key = new_key_record(
-            name=name, subject_id=subject_id, now=time.time(),
-            rate_limit_requests=rate_limit[0], rate_limit_window_seconds=rate_limit[1],
-            allowed_models=models, expires_at=expires_at,
-        )
-        await store.insert_key(record)
-        return record, key
+        service = AdminService(store, actor=CLI_ACTOR, settings=settings)  # type: ignore[arg-type]
+        return await service.create_key(name=name, subject_id=subject_id,
+                                        rate_limit=rate_limit, models=models,
+                                        expires_at=expires_at)
 
     return await with_store(settings, work)
 
 
-def _key_json(record: KeyRecord) -> dict[str, object]:
-    return {
-        "id": record.id, "prefix": record.prefix, "name": record.name,
-        "subject_id": record.subject_id, "is_active": record.is_active,
-        "revoked_at": record.revoked_at, "expires_at": record.expires_at,
-        "created_at": record.created_at, "last_used_at": record.last_used_at,
-        "rate_limit_requests": record.rate_limit_requests,
-        "rate_limit_window_seconds": record.rate_limit_window_seconds,
-        "allowed_models": list(record.allowed_models),
-    }
-
-
 def _print_new_key(record: KeyRecord, key: str, as_json: bool) -> None:
     if as_json:
-        print(json.dumps({**_key_json(record), "key": key}))
+        print(json.dumps({**key_fields(record), "key": key}))
         return
     print(f"id:      {record.id}")
     print(f"name:    {record.name} (subject {record.subject_id})")
@@ -93,13 +109,14 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"llm-gateway keys create: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    models = tuple(m.strip() for m in args.models.split(",") if m.strip()) if args.models else ()
-    record, key = asyncio.run(create_key(
-        settings_from(args), name=args.name, subject_id=args.subject, rate_limit=rate_limit,
-        models=models, expires_at=expires_at,
+    models = _models(args.models) if args.models else ()
+    status, created = run_admin(args, "keys create", lambda service: service.create_key(
+        name=args.name, subject_id=args.subject, rate_limit=rate_limit, models=models,
+        expires_at=expires_at,
     ))
-    _print_new_key(record, key, args.json)
-    return 0
+    if created is not None:
+        _print_new_key(*created, args.json)
+    return status
 
 
 def cmd_keys_list(args: argparse.Namespace) -> int:
@@ -107,7 +124,7 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
         with_store(settings_from(args), lambda store: store.list_keys())
     )
     if args.json:
-        print(json.dumps([_key_json(r) for r in records]))
+        print(json.dumps([key_fields(r) for r in records]))
         return 0
     print(f"{'PREFIX':<13} {'NAME':<20} {'SUBJECT':<20} {'STATE':<8} {'LIMIT':<10} MODELS")
     now = time.time()
@@ -119,45 +136,82 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _find(store: Store, prefix_or_id: str) -> KeyRecord:
-    record = await store.find_key(prefix_or_id)
-    if record is None:
-        raise LookupError(f"no key with prefix or id {prefix_or_id!r}")
-    return record
+def _print_key(record: KeyRecord, as_json: bool) -> None:
+    state = key_state(record, time.time())
+    if as_json:
+        print(json.dumps({**key_fields(record), "state": state}))
+        return
+    expires = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(record.expires_at)) \
+        if record.expires_at else "never"
+    print(f"id:      {record.id}")
+    print(f"prefix:  {record.prefix}…")
+    print(f"name:    {record.name} (subject {record.subject_id})")
+    print(f"state:   {state}")
+    print(f"limit:   {record.rate_limit_requests} requests / {record.rate_limit_window_seconds}s")
+    print(f"models:  {', '.join(record.allowed_models) or 'all'}")
+    print(f"expires: {expires}")
 
 
-def cmd_keys_revoke(args: argparse.Namespace) -> int:
-    async def work(store: Store) -> KeyRecord:
-        record = await _find(store, args.key)
-        await store.revoke_key(record.id, time.time())
-        return record
+def cmd_keys_show(args: argparse.Namespace) -> int:
+    status, record = run_admin(args, "keys show", lambda service: service.find_key(args.key))
+    if record is not None:
+        _print_key(record, args.json)
+    return status
 
+
+def cmd_keys_update(args: argparse.Namespace) -> int:
+    fields: dict[str, Any] = {}
     try:
-        record = asyncio.run(with_store(settings_from(args), work))
-    except LookupError as exc:
-        print(f"llm-gateway keys revoke: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    print(f"revoked {record.prefix}… ({record.name}); every gateway refuses it within seconds")
-    return 0
+        if args.rate_limit:
+            limit = parse_rate_limit(args.rate_limit)
+            fields["rate_limit_requests"], fields["rate_limit_window_seconds"] = limit
+        if args.expires_in:
+            fields["expires_at"] = time.time() + parse_duration(args.expires_in)
+    except ValueError as exc:
+        print(f"llm-gateway keys update: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.no_expiry:
+        fields["expires_at"] = None
+    if args.models is not None or args.all_models:
+        fields["allowed_models"] = () if args.all_models else _models(args.models)
+    for option, field in (("name", "name"), ("subject", "subject_id")):
+        if getattr(args, option) is not None:
+            fields[field] = getattr(args, option)
+    status, record = run_admin(args, "keys update",
+                               lambda service: service.update_key(args.key, fields))
+    if record is not None:
+        _print_key(record, args.json)
+    return status
+
+
+def _state_command(name: str) -> Any:
+    def command(args: argparse.Namespace) -> int:
+        def work(service: AdminService) -> Any:
+            if name == "revoke":
+                return service.revoke_key(args.key)
+            return service.set_key_enabled(args.key, name == "enable")
+
+        status, record = run_admin(args, f"keys {name}", work)
+        if record is None:
+            return status
+        if name == "revoke":
+            print(f"revoked {record.prefix}… ({record.name}); every gateway refuses it within "
+                  "seconds")
+        else:
+            print(f"{name}d {record.prefix}… ({record.name}); every gateway sees it within "
+                  "seconds")
+        return status
+
+    return command
+
+
+_STATE_COMMANDS = {name: _state_command(name) for name in ("disable", "enable", "revoke")}
 
 
 def cmd_keys_rotate(args: argparse.Namespace) -> int:
-    async def work(store: Store) -> tuple[KeyRecord, str]:
-        old = await _find(store, args.key)
-        record, key = new_key_record(
-            name=old.name, subject_id=old.subject_id, now=time.time(),
-            rate_limit_requests=old.rate_limit_requests,
-            rate_limit_window_seconds=old.rate_limit_window_seconds,
-            allowed_models=old.allowed_models, expires_at=old.expires_at,
-        )
-        await store.insert_key(record)
-        await store.revoke_key(old.id, time.time())
-        return record, key
-
-    try:
-        record, key = asyncio.run(with_store(settings_from(args), work))
-    except LookupError as exc:
-        print(f"llm-gateway keys rotate: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    _print_new_key(record, key, args.json)
+    status, rotated = run_admin(args, "keys rotate",
+                                lambda service: service.rotate_key(args.key))
+    if rotated is None:
+        return status
+    _print_new_key(*rotated, args.json)
     return 0

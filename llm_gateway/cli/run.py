@@ -19,8 +19,9 @@ from llm_gateway.stores import open_store
 
 
 def register(commands: Any) -> None:
-    commands.add_parser("serve", help="run the gateway (needs VENICE_API_KEY)").set_defaults(
-        handler=cmd_serve)
+    commands.add_parser(
+        "serve", help="run the gateway (needs VENICE_API_KEY) and its admin listener"
+    ).set_defaults(handler=cmd_serve)
     commands.add_parser(
         "demo", help="run the gateway in front of the bundled fake upstream, with a dev key"
     ).set_defaults(handler=cmd_demo)
@@ -48,10 +49,16 @@ def register(commands: Any) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from llm_gateway.adapters.asgi import create_app
     from llm_gateway.adapters.server import run_server
+    from llm_gateway.admin.app import create_admin_app
+    from llm_gateway.wiring import build_gateway
 
     settings = settings_from(args)
     settings.require_provider_key()
-    run_server(create_app(settings), settings)
+    gateway = build_gateway(settings)
+    # The admin listener shares the process, the event loop and the gateway (its key
+    # cache: a change made there is seen here at once); never the public listener.
+    admin = [(create_admin_app(gateway), settings.admin_bind)] if settings.admin_bind else []
+    run_server(create_app(settings, gateway=gateway), settings, also=admin)
     return 0
 
 

@@ -21,11 +21,23 @@ from llm_gateway.outage import Outage
 
 
 @dataclass(frozen=True, slots=True)
+class Guard:
+    """A second window, looked at and never counted, in the same atomic call: when it is
+    full the request is refused and counts nothing. The engine's use: a key's budget of
+    failed upstream requests, checked on every request at no extra round trip."""
+
+    key_id: str
+    limit: int
+    window_seconds: int
+
+
+@dataclass(frozen=True, slots=True)
 class LimitDecision:
     allowed: bool
     limit: int
     remaining: int
-    reset_after: float  # seconds until the current window ends
+    reset_after: float  # seconds until the current window ends (the guard's, if guarded)
+    guarded: bool = False  # refused because the guard's window is full
 
     def headers(self) -> list[tuple[str, str]]:
         """OpenAI's rate-limit headers, sent on every response."""
@@ -63,6 +75,10 @@ def decide(count_after: int, limit: int, now: float, window_seconds: int) -> Lim
     return LimitDecision(allowed, limit, max(0, limit - count_after), reset_after)
 
 
+def guarded(guard: Guard, reset_after: float) -> LimitDecision:
+    return LimitDecision(False, guard.limit, 0, reset_after, guarded=True)
+
+
 def bucket_name(key_id: str, limit: int, window_seconds: int) -> str:
     """A key's limits can change (keys rotate, operators edit them): count per setting."""
     return f"{key_id}:{limit}/{window_seconds}"
@@ -74,7 +90,12 @@ class RateLimiter(Protocol):
     # shared to lose (in process).
     outage: Outage | None
 
-    async def take(self, key_id: str, limit: int, window_seconds: int) -> LimitDecision: ...
+    async def take(self, key_id: str, limit: int, window_seconds: int,
+                   cost: int = 1, guard: Guard | None = None) -> LimitDecision:
+        """Count ``cost`` against the window and decide. ``cost=0`` only looks: allowed
+        while the window is not full. A refused request counts nothing."""
+        ...
+
     async def check(self) -> bool:
         """Ask the backend now (for /readyz); True when it answers."""
         ...
@@ -104,7 +125,8 @@ class FixedWindowCounter:
     def __init__(self) -> None:
         self._windows: dict[str, tuple[float, int]] = {}
 
-    def take(self, key: str, limit: int, window_seconds: int, now: float) -> LimitDecision:
+    def take(self, key: str, limit: int, window_seconds: int, now: float,
+             cost: int = 1) -> LimitDecision:
         start = window_start(now, window_seconds)
         current_start, count = self._windows.get(key, (start, 0))
         if current_start != start:
@@ -112,9 +134,9 @@ class FixedWindowCounter:
             if len(self._windows) > 10_000:  # forget windows that have ended
                 self._windows = {k: v for k, v in self._windows.items() if v[0] >= start}
         if count < limit:
-            count += 1  # a refused request does not use up the window
+            count += cost  # a refused request does not use up the window
             self._windows[key] = (start, count)
-            return decide(count, limit, now, window_seconds)
+            return decide(max(count, 1), limit, now, window_seconds)
         self._windows[key] = (start, count)
         return decide(count + 1, limit, now, window_seconds)
 
@@ -129,9 +151,17 @@ class MemoryRateLimiter:
         self._clock = clock
         self._counter = FixedWindowCounter()
 
-    async def take(self, key_id: str, limit: int, window_seconds: int) -> LimitDecision:
+    async def take(self, key_id: str, limit: int, window_seconds: int,
+                   cost: int = 1, guard: Guard | None = None) -> LimitDecision:
+        now = self._clock()
+        if guard is not None:
+            looked = self._counter.take(
+                bucket_name(guard.key_id, guard.limit, guard.window_seconds), guard.limit,
+                guard.window_seconds, now, cost=0)
+            if not looked.allowed:
+                return guarded(guard, looked.reset_after)
         bucket = bucket_name(key_id, limit, window_seconds)
-        return self._counter.take(bucket, limit, window_seconds, self._clock())
+        return self._counter.take(bucket, limit, window_seconds, now, cost)
 
     async def check(self) -> bool:
         return True

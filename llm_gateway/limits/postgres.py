@@ -9,7 +9,15 @@ agree on the window.
 
 from __future__ import annotations
 
-from llm_gateway.limits import LimitDecision, LimiterUnavailable, bucket_name, decide
+from llm_gateway.limits import (
+    Guard,
+    LimitDecision,
+    LimiterUnavailable,
+    bucket_name,
+    decide,
+    guarded,
+    window_start,
+)
 from llm_gateway.stores import StoreUnavailable
 from llm_gateway.stores.postgres import PostgresStore
 
@@ -20,17 +28,32 @@ from llm_gateway.stores.postgres import PostgresStore
 # is never moved back.
 _TAKE = """
 WITH clock AS (SELECT extract(epoch FROM clock_timestamp())::float8 AS now),
+guard AS (
+    SELECT coalesce((SELECT request_count FROM rate_limit_windows g, clock
+                     WHERE g.bucket = %(guard)s AND g.window_start =
+                         to_timestamp(floor(now / %(guard_window)s) * %(guard_window)s)), 0)
+        AS count
+),
 counted AS (
     INSERT INTO rate_limit_windows AS w (bucket, window_start, request_count)
-    SELECT %(bucket)s, to_timestamp(floor(now / %(window)s) * %(window)s), 1 FROM clock
+    SELECT %(bucket)s, to_timestamp(floor(now / %(window)s) * %(window)s), %(cost)s
+    FROM clock, guard WHERE guard.count < %(guard_limit)s
     ON CONFLICT (bucket) DO UPDATE
         SET window_start = GREATEST(w.window_start, EXCLUDED.window_start),
-            request_count = CASE WHEN EXCLUDED.window_start > w.window_start THEN 1
-                                 ELSE w.request_count + 1 END
+            request_count = CASE WHEN EXCLUDED.window_start > w.window_start THEN %(cost)s
+                                 ELSE w.request_count + %(cost)s END
         WHERE EXCLUDED.window_start > w.window_start OR w.request_count < %(limit)s
     RETURNING request_count
 )
-SELECT (SELECT request_count FROM counted), now FROM clock
+SELECT (SELECT request_count FROM counted), now, (SELECT count FROM guard) FROM clock
+"""
+# Only a look (cost 0): the current window's count, nothing written.
+_LOOK = """
+WITH clock AS (SELECT extract(epoch FROM clock_timestamp())::float8 AS now)
+SELECT coalesce((SELECT request_count FROM rate_limit_windows w
+                 WHERE w.bucket = %(bucket)s
+                   AND w.window_start = to_timestamp(floor(now / %(window)s) * %(window)s)), 0),
+       now FROM clock
 """
 
 
@@ -40,20 +63,33 @@ class PostgresRateLimiter:
     def __init__(self, store: PostgresStore) -> None:
         self._store = store  # shares the store's pool; the store owns and closes it
 
-    async def take(self, key_id: str, limit: int, window_seconds: int) -> LimitDecision:
+    async def take(self, key_id: str, limit: int, window_seconds: int,
+                   cost: int = 1, guard: Guard | None = None) -> LimitDecision:
         params = {
             "bucket": bucket_name(key_id, limit, window_seconds),
             "window": window_seconds,
             "limit": limit,
+            "cost": cost,
+            # No guard: a bucket no row has, and a limit nothing reaches.
+            "guard": bucket_name(guard.key_id, guard.limit, guard.window_seconds)
+            if guard else "",
+            "guard_window": guard.window_seconds if guard else 1,
+            "guard_limit": guard.limit if guard else 1,
         }
         try:
             async with self._store.connection() as conn:
-                cursor = await conn.execute(_TAKE, params)
+                cursor = await conn.execute(_TAKE if cost else _LOOK, params)
                 row = await cursor.fetchone()
         except StoreUnavailable as exc:
             raise LimiterUnavailable(self.backend, exc.__cause__ or exc) from exc
         assert row is not None  # the outer SELECT always yields one row
-        count, now = row
+        if not cost:
+            count, now = row
+            return decide(count + 1, limit, now, window_seconds)
+        count, now, guard_count = row
+        if guard is not None and guard_count >= guard.limit:
+            reset = window_start(now, guard.window_seconds) + guard.window_seconds - now
+            return guarded(guard, reset)
         count_after = limit + 1 if count is None else count
         return decide(count_after, limit, now, window_seconds)
 

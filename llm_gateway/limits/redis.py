@@ -21,15 +21,27 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from llm_gateway.limits import LimitDecision, LimiterUnavailable
+from llm_gateway.limits import Guard, LimitDecision, LimiterUnavailable, guarded
 
 # Times are integer milliseconds: Lua numbers are doubles, and the arguments Redis
 # converts with "%.14g" would round microseconds since the epoch (16 digits).
 FIXED_WINDOW_SCRIPT = """
 local limit = tonumber(ARGV[1])
 local window_ms = tonumber(ARGV[2]) * 1000
+local cost = tonumber(ARGV[3])
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+if KEYS[2] then
+  -- The guard: looked at, never counted; full means refused (2) and nothing counted.
+  local guard_window_ms = tonumber(ARGV[5]) * 1000
+  local guard_start_ms = now_ms - (now_ms % guard_window_ms)
+  local guard = redis.call('HMGET', KEYS[2], 'start', 'count')
+  local guard_stored = tonumber(guard[1])
+  local guard_full = guard_stored and tonumber(guard[2]) >= tonumber(ARGV[4])
+  if guard_full and guard_stored >= guard_start_ms then
+    return {2, 0, math.max(0, guard_stored + guard_window_ms - now_ms)}
+  end
+end
 local start_ms = now_ms - (now_ms % window_ms)
 local state = redis.call('HMGET', KEYS[1], 'start', 'count')
 local count = 0
@@ -43,7 +55,11 @@ local reset_ms = math.max(0, start_ms + window_ms - now_ms)
 if count >= limit then
   return {0, count, reset_ms}
 end
-count = count + 1
+if cost == 0 then
+  -- Only a look: room left, nothing counted.
+  return {1, count + 1, reset_ms}
+end
+count = count + cost
 redis.call('HSET', KEYS[1], 'start', string.format('%.0f', start_ms), 'count', count)
 -- Expiry only collects the key once its window is over; it decides nothing.
 redis.call('PEXPIRE', KEYS[1], string.format('%.0f', reset_ms + 1000))
@@ -62,8 +78,12 @@ POOL_WAIT_SECONDS = 5.0
 
 
 def window_key(key_id: str, limit: int, window_seconds: int, namespace: str = "llmg") -> str:
-    """The counter of one gateway key and limit setting; ``{key_id}`` is the hash tag."""
-    return f"{namespace}:rl:{{{key_id}}}:{limit}/{window_seconds}"
+    """The counter of one gateway key and limit setting. The hash tag is the key's id up
+    to its first '!' (a guard's bucket is "<key id>!<what>"), so a key's counters share
+    one Redis Cluster slot and one script may touch them together."""
+    tag, mark, rest = key_id.partition("!")
+    suffix = f"!{rest}" if mark else ""
+    return f"{namespace}:rl:{{{tag}}}{suffix}:{limit}/{window_seconds}"
 
 
 class RedisRateLimiter:
@@ -109,14 +129,22 @@ class RedisRateLimiter:
                 FIXED_WINDOW_SHA, len(keys), *keys, *args
             )
 
-    async def take(self, key_id: str, limit: int, window_seconds: int) -> LimitDecision:
-        key = window_key(key_id, limit, window_seconds, self.namespace)
+    async def take(self, key_id: str, limit: int, window_seconds: int,
+                   cost: int = 1, guard: Guard | None = None) -> LimitDecision:
+        keys = [window_key(key_id, limit, window_seconds, self.namespace)]
+        args = [limit, window_seconds, cost]
+        if guard is not None:
+            keys.append(window_key(guard.key_id, guard.limit, guard.window_seconds,
+                                   self.namespace))
+            args += [guard.limit, guard.window_seconds]
         try:
-            allowed, count, reset_ms = await self._call([key], [limit, window_seconds])
+            allowed, count, reset_ms = await self._call(keys, args)
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             self._loaded = False  # a Redis that comes back may have lost the script
             raise LimiterUnavailable(self.backend, exc) from exc
         # The script already measured the time to the window's end on the server.
+        if allowed == 2 and guard is not None:
+            return guarded(guard, int(reset_ms) / 1000)
         return LimitDecision(bool(allowed), limit, max(0, limit - int(count)),
                              int(reset_ms) / 1000)
 

@@ -8,11 +8,12 @@ engine asks the profile and never tests for a provider by name.
 from __future__ import annotations
 
 from llm_gateway.providers.base import Profile, Usage
-from llm_gateway.providers.openai import OpenAIProfile
+from llm_gateway.providers.generic import GenericProfile
+from llm_gateway.providers.openai import OpenAIProfile, UnsupportedParameter
 from llm_gateway.providers.venice import VeniceProfile
 
 PROFILES: dict[str, Profile] = {
-    profile.name: profile for profile in (OpenAIProfile(), VeniceProfile())
+    profile.name: profile for profile in (OpenAIProfile(), VeniceProfile(), GenericProfile())
 }
 
 
@@ -24,4 +25,7 @@ def profile_named(name: str) -> Profile:
         raise KeyError(f"unknown provider profile {name!r}; known: {', '.join(PROFILES)}") from None
 
 
-__all__ = ["PROFILES", "OpenAIProfile", "Profile", "Usage", "VeniceProfile", "profile_named"]
+__all__ = [
+    "PROFILES", "GenericProfile", "OpenAIProfile", "Profile", "UnsupportedParameter", "Usage",
+    "VeniceProfile", "profile_named",
+]

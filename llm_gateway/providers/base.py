@@ -21,6 +21,14 @@ class Profile(Protocol):
     """One provider's way of speaking the OpenAI-compatible API."""
 
     name: str
+    # Whether its streams carry a usage chunk unasked (Venice) or only when
+    # stream_options.include_usage asks (OpenAI).
+    sends_stream_usage: bool
+
+    def prepare(self, payload: dict, *, stream: bool) -> dict:
+        """The chat body as this provider wants it (a new dict when anything changed, the
+        same one otherwise); raises UnsupportedParameter for what it cannot take."""
+        ...
 
     def usage(self, payload: object) -> Usage | None:
         """The usage a decoded response, or stream chunk, reports; None when it has none."""

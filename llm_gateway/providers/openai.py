@@ -14,6 +14,30 @@ import math
 from llm_gateway.errors import error_body
 from llm_gateway.providers.base import Usage
 
+# The top-level fields of CreateChatCompletionRequest (with CreateModelResponseProperties) in
+# openapi.yaml of github.com/openai/openai-openapi, version 2.3.0, the source of
+# platform.openai.com/docs/api-reference/chat/create. The schema does not say it, but the API
+# refuses any other field: 400 "Unrecognized request argument supplied: top_k" (reported e.g. in
+# github.com/xlinx/sd-webui-decadetw-auto-prompt-llm/issues/29, coroot/coroot/issues/698).
+OPENAI_CHAT_FIELDS = frozenset({
+    "model", "messages",
+    "stream", "stream_options",
+    "max_tokens", "max_completion_tokens",
+    "temperature", "top_p", "frequency_penalty", "presence_penalty", "logit_bias",
+    "n", "seed", "stop",
+    "logprobs", "top_logprobs",
+    "tools", "tool_choice", "parallel_tool_calls", "response_format",
+    "functions", "function_call",
+    "reasoning_effort", "verbosity", "modalities", "audio", "prediction", "web_search_options",
+    "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
+    "service_tier", "store", "metadata", "moderation", "safety_identifier", "user",
+})
+# Fields only other providers take: refused before the call rather than spent on a 400.
+NOT_OPENAI_FIELDS = frozenset({
+    "venice_parameters", "top_k", "min_p", "min_temp", "max_temp", "repetition_penalty",
+    "stop_token_ids",
+})
+
 # OpenAI's error type for a status, for errors that arrive without one.
 _TYPE_BY_STATUS = {
     401: "authentication_error", 403: "permission_error", 404: "not_found_error",
@@ -27,8 +51,26 @@ def error_type_for_status(status: int) -> str:
     return _TYPE_BY_STATUS.get(status, "invalid_request_error")
 
 
+class UnsupportedParameter(ValueError):
+    """The provider cannot take the request as it is; str() says why, for a 400."""
+
+
 class OpenAIProfile:
     name = "openai"
+    # OpenAI sends a usage chunk only when stream_options.include_usage asks for one.
+    sends_stream_usage = False
+
+    def prepare(self, payload: dict, *, stream: bool) -> dict:
+        """The chat body for OpenAI: ``max_tokens`` spelt ``max_completion_tokens`` (the
+        o-series refuse the old name), stream usage asked for (the gateway meters it
+        whatever the client asked), and fields of other providers refused."""
+        if foreign := sorted(NOT_OPENAI_FIELDS.intersection(payload)):
+            raise UnsupportedParameter(f"'{foreign[0]}' is not a parameter this provider takes.")
+        prepared = payload
+        if "max_tokens" in payload and "max_completion_tokens" not in payload:
+            prepared = {k: v for k, v in payload.items() if k != "max_tokens"}
+            prepared["max_completion_tokens"] = payload["max_tokens"]
+        return ask_for_stream_usage(prepared) if stream else prepared
 
     def usage(self, payload: object) -> Usage | None:
         """Anything missing or malformed counts as 0 (tokens) or unknown (cost) instead of
@@ -103,3 +145,12 @@ def _optional_str(value: object) -> str | None:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return str(value)
     return None
+
+
+def ask_for_stream_usage(payload: dict) -> dict:
+    options = payload.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage") is True:
+        return payload
+    merged = dict(options) if isinstance(options, dict) else {}
+    merged["include_usage"] = True
+    return {**payload, "stream_options": merged}

@@ -13,14 +13,45 @@ from llm_gateway.errors import error_body
 from llm_gateway.providers.base import Usage
 from llm_gateway.providers.openai import (
     OpenAIProfile,
+    UnsupportedParameter,
     error_type_for_status,
     finite_number,
     json_object,
 )
 
+# The top-level fields of ChatCompletionRequest in Venice's OpenAPI document (swagger.yaml in
+# github.com/veniceai/api-docs, version 20260821.193530), which is what
+# docs.venice.ai/api-reference/endpoint/chat/completions renders. The schema says
+# `additionalProperties: false` (in every version since 2025-05 at least) and Venice validates
+# with zod: any other field is a 400 "Unrecognized key(s) in object: '...'".
+VENICE_CHAT_FIELDS = frozenset({
+    "model", "messages", "venice_parameters",
+    "stream", "stream_options",
+    "max_tokens", "max_completion_tokens",
+    "temperature", "top_p", "top_k", "min_p", "min_temp", "max_temp",
+    "frequency_penalty", "presence_penalty", "repetition_penalty",
+    "n", "seed", "stop", "stop_token_ids",
+    "logprobs", "top_logprobs",
+    "tools", "tool_choice", "parallel_tool_calls", "response_format",
+    "reasoning", "reasoning_effort", "verbosity", "text",
+    "prompt_cache_key", "prompt_cache_retention",
+    "user", "store", "metadata", "include", "fallbacks",
+})
+
 
 class VeniceProfile(OpenAIProfile):
     name = "venice"
+    sends_stream_usage = True  # always, asked or not
+
+    def prepare(self, payload: dict, *, stream: bool) -> dict:
+        """Venice refuses any field it does not know (and counts the 400 against the
+        account, which locks a model after a few): refused here, before the call."""
+        if unknown := sorted(set(payload) - VENICE_CHAT_FIELDS):
+            raise UnsupportedParameter(
+                f"'{unknown[0]}' is not a parameter this provider takes "
+                f"(it accepts: {', '.join(sorted(VENICE_CHAT_FIELDS))})."
+            )
+        return payload
 
     def usage(self, payload: object) -> Usage | None:
         usage = super().usage(payload)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from llm_gateway.billing.metering import UsageRecord
+from llm_gateway.billing.records import UsageRecord
 from llm_gateway.config import is_postgres_url
 from llm_gateway.keys import KeyRecord
 

@@ -1,4 +1,5 @@
-"""One versioned migration history for every store.
+"""One versioned migration history for every store. Its size is the concept: the
+schema's whole history, one entry per version, never edited once released.
 
 Each migration has the SQL for each dialect; a store applies, in order, the versions it
 has not recorded in ``schema_migrations``. The schema itself enforces what the data must
@@ -133,6 +134,375 @@ MIGRATIONS: tuple[Migration, ...] = (
             window_start TIMESTAMPTZ NOT NULL,
             request_count INTEGER NOT NULL CHECK (request_count > 0)
         );
+        """,
+    ),
+    Migration(
+        3,
+        "admin plane: prices, budgets, admin tokens, audit events, provider keys, routes",
+        # Money is exact: NUMERIC in Postgres, a decimal string in SQLite (never REAL).
+        # A budget's NULL means "no limit of that kind". Admin token names are unique
+        # among live tokens: the audit log names its actors by them.
+        sqlite="""
+        CREATE TABLE prices (
+            provider TEXT NOT NULL CHECK (length(provider) > 0),
+            model TEXT NOT NULL CHECK (length(model) > 0),
+            input_per_mtok TEXT NOT NULL,
+            output_per_mtok TEXT NOT NULL,
+            cached_input_per_mtok TEXT,
+            effective_from REAL NOT NULL,
+            PRIMARY KEY (provider, model, effective_from)
+        );
+        CREATE TABLE budgets (
+            scope TEXT NOT NULL CHECK (scope IN ('key', 'subject')),
+            scope_id TEXT NOT NULL CHECK (length(scope_id) > 0),
+            daily_usd TEXT,
+            monthly_usd TEXT,
+            daily_tokens INTEGER CHECK (daily_tokens >= 0),
+            monthly_tokens INTEGER CHECK (monthly_tokens >= 0),
+            tokens_per_minute INTEGER CHECK (tokens_per_minute > 0),
+            max_output_tokens INTEGER CHECK (max_output_tokens > 0),
+            over_cap TEXT NOT NULL DEFAULT 'clamp' CHECK (over_cap IN ('clamp', 'reject')),
+            stop_streams_at_budget INTEGER NOT NULL DEFAULT 0
+                CHECK (stop_streams_at_budget IN (0, 1)),
+            PRIMARY KEY (scope, scope_id)
+        );
+        CREATE TABLE admin_tokens (
+            id TEXT PRIMARY KEY CHECK (length(id) = 36),
+            name TEXT NOT NULL CHECK (length(name) > 0),
+            prefix TEXT NOT NULL UNIQUE CHECK (length(prefix) = 13),
+            token_hash BLOB NOT NULL UNIQUE
+                CHECK (typeof(token_hash) = 'blob' AND length(token_hash) = 32),
+            created_at REAL NOT NULL,
+            revoked_at REAL,
+            last_used_at REAL
+        );
+        CREATE UNIQUE INDEX admin_tokens_live_name ON admin_tokens (name)
+            WHERE revoked_at IS NULL;
+        CREATE TABLE audit_events (
+            id TEXT PRIMARY KEY,
+            at REAL NOT NULL,
+            actor TEXT NOT NULL,
+            action TEXT NOT NULL,
+            target TEXT NOT NULL,
+            before TEXT CHECK (before IS NULL OR json_valid(before)),
+            after TEXT CHECK (after IS NULL OR json_valid(after))
+        );
+        CREATE INDEX audit_events_at ON audit_events (at);
+        CREATE TABLE provider_keys (
+            name TEXT PRIMARY KEY CHECK (length(name) > 0),
+            nonce BLOB NOT NULL CHECK (length(nonce) = 12),
+            ciphertext BLOB NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        );
+        CREATE TABLE route_versions (
+            version INTEGER PRIMARY KEY CHECK (version > 0),
+            document TEXT NOT NULL CHECK (json_valid(document)),
+            created_by TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            note TEXT NOT NULL DEFAULT ''
+        );
+        """,
+        postgres="""
+        CREATE TABLE prices (
+            provider TEXT NOT NULL CHECK (length(provider) > 0),
+            model TEXT NOT NULL CHECK (length(model) > 0),
+            input_per_mtok NUMERIC NOT NULL CHECK (input_per_mtok >= 0),
+            output_per_mtok NUMERIC NOT NULL CHECK (output_per_mtok >= 0),
+            cached_input_per_mtok NUMERIC CHECK (cached_input_per_mtok >= 0),
+            effective_from TIMESTAMPTZ NOT NULL,
+            PRIMARY KEY (provider, model, effective_from)
+        );
+        CREATE TABLE budgets (
+            scope TEXT NOT NULL CHECK (scope IN ('key', 'subject')),
+            scope_id TEXT NOT NULL CHECK (length(scope_id) > 0),
+            daily_usd NUMERIC CHECK (daily_usd >= 0),
+            monthly_usd NUMERIC CHECK (monthly_usd >= 0),
+            daily_tokens BIGINT CHECK (daily_tokens >= 0),
+            monthly_tokens BIGINT CHECK (monthly_tokens >= 0),
+            tokens_per_minute BIGINT CHECK (tokens_per_minute > 0),
+            max_output_tokens INTEGER CHECK (max_output_tokens > 0),
+            over_cap TEXT NOT NULL DEFAULT 'clamp' CHECK (over_cap IN ('clamp', 'reject')),
+            stop_streams_at_budget BOOLEAN NOT NULL DEFAULT FALSE,
+            PRIMARY KEY (scope, scope_id)
+        );
+        CREATE TABLE admin_tokens (
+            id UUID PRIMARY KEY,
+            name TEXT NOT NULL CHECK (length(name) > 0),
+            prefix TEXT NOT NULL UNIQUE CHECK (length(prefix) = 13),
+            token_hash BYTEA NOT NULL UNIQUE CHECK (octet_length(token_hash) = 32),
+            created_at TIMESTAMPTZ NOT NULL,
+            revoked_at TIMESTAMPTZ,
+            last_used_at TIMESTAMPTZ
+        );
+        CREATE UNIQUE INDEX admin_tokens_live_name ON admin_tokens (name)
+            WHERE revoked_at IS NULL;
+        CREATE TABLE audit_events (
+            id UUID PRIMARY KEY,
+            at TIMESTAMPTZ NOT NULL,
+            actor TEXT NOT NULL,
+            action TEXT NOT NULL,
+            target TEXT NOT NULL,
+            before JSONB,
+            after JSONB
+        );
+        CREATE INDEX audit_events_at ON audit_events (at);
+        CREATE TABLE provider_keys (
+            name TEXT PRIMARY KEY CHECK (length(name) > 0),
+            nonce BYTEA NOT NULL CHECK (octet_length(nonce) = 12),
+            ciphertext BYTEA NOT NULL,
+            created_at TIMESTAMPTZ NOT NULL,
+            updated_at TIMESTAMPTZ NOT NULL
+        );
+        CREATE TABLE route_versions (
+            version INTEGER PRIMARY KEY CHECK (version > 0),
+            document JSONB NOT NULL,
+            created_by TEXT NOT NULL,
+            created_at TIMESTAMPTZ NOT NULL,
+            note TEXT NOT NULL DEFAULT ''
+        );
+        """,
+    ),
+    Migration(
+        4,
+        "usage records v2: provider and upstream model, exact money, partitioned by day",
+        # The requested model and the one that answered are kept apart; key_id has no
+        # foreign key (a log outlives keys, and JWT callers have none). Money is exact:
+        # NUMERIC in Postgres; in SQLite an INTEGER count of 1e-10 USD, so SUM() is exact
+        # too. Postgres partitions by day (the writer creates partitions ahead; retention
+        # drops whole ones); the primary key includes the partition key, and a replayed
+        # record has the same (request_id, started_at), so a replay never doubles a row.
+        sqlite="""
+        ALTER TABLE usage_records RENAME TO usage_records_v1;
+        CREATE TABLE usage_records (
+            request_id TEXT PRIMARY KEY,
+            started_at REAL NOT NULL,
+            ended_at REAL NOT NULL,
+            key_id TEXT,
+            key_prefix TEXT NOT NULL DEFAULT '',
+            subject_id TEXT NOT NULL,
+            adapter TEXT NOT NULL,
+            endpoint TEXT NOT NULL,
+            model TEXT,
+            provider TEXT NOT NULL DEFAULT '',
+            upstream_model TEXT,
+            stream INTEGER NOT NULL CHECK (stream IN (0, 1)),
+            status INTEGER NOT NULL,
+            error_code TEXT,
+            error_message TEXT,
+            prompt_tokens INTEGER NOT NULL DEFAULT 0 CHECK (prompt_tokens >= 0),
+            completion_tokens INTEGER NOT NULL DEFAULT 0 CHECK (completion_tokens >= 0),
+            total_tokens INTEGER NOT NULL DEFAULT 0 CHECK (total_tokens >= 0),
+            cached_tokens INTEGER NOT NULL DEFAULT 0 CHECK (cached_tokens >= 0),
+            tokens_estimated INTEGER NOT NULL DEFAULT 0 CHECK (tokens_estimated IN (0, 1)),
+            cost_usd INTEGER,
+            provider_cost_usd INTEGER,
+            provider_cost_diem INTEGER,
+            duration_ms REAL NOT NULL,
+            ttfb_ms REAL,
+            first_chunk_ms REAL,
+            max_gap_ms REAL,
+            attempts INTEGER NOT NULL DEFAULT 1,
+            response_id TEXT,
+            finish_reasons TEXT NOT NULL DEFAULT '[]',
+            trace_id TEXT
+        );
+        INSERT INTO usage_records (
+            request_id, started_at, ended_at, key_id, subject_id, adapter, endpoint, model,
+            provider, upstream_model, stream, status, error_code, prompt_tokens,
+            completion_tokens, total_tokens, provider_cost_usd, provider_cost_diem,
+            duration_ms, ttfb_ms, first_chunk_ms, max_gap_ms, attempts, response_id,
+            finish_reasons)
+        SELECT request_id, started_at, started_at + duration_ms / 1000.0, key_id, subject_id,
+            adapter, endpoint, model, upstream, model, stream, status, error_type,
+            prompt_tokens, completion_tokens, total_tokens,
+            CAST(round(cost_usd * 10000000000) AS INTEGER),
+            CAST(round(cost_diem * 10000000000) AS INTEGER),
+            duration_ms, ttfb_ms, first_chunk_ms, max_gap_ms, attempts, response_id,
+            finish_reasons
+        FROM usage_records_v1;
+        DROP TABLE usage_records_v1;
+        CREATE INDEX usage_records_started ON usage_records (started_at);
+        CREATE INDEX usage_records_key_started ON usage_records (key_id, started_at);
+        CREATE INDEX usage_records_subject_started ON usage_records (subject_id, started_at);
+        """,
+        postgres="""
+        ALTER TABLE usage_records RENAME TO usage_records_v1;
+        ALTER INDEX usage_records_key_started RENAME TO usage_records_v1_key_started;
+        ALTER TABLE usage_records_v1 RENAME CONSTRAINT usage_records_pkey
+            TO usage_records_v1_pkey;
+        CREATE TABLE usage_records (
+            request_id TEXT NOT NULL,
+            started_at TIMESTAMPTZ NOT NULL,
+            ended_at TIMESTAMPTZ NOT NULL,
+            key_id TEXT,
+            key_prefix TEXT NOT NULL DEFAULT '',
+            subject_id TEXT NOT NULL,
+            adapter TEXT NOT NULL,
+            endpoint TEXT NOT NULL,
+            model TEXT,
+            provider TEXT NOT NULL DEFAULT '',
+            upstream_model TEXT,
+            stream BOOLEAN NOT NULL,
+            status INTEGER NOT NULL,
+            error_code TEXT,
+            error_message TEXT,
+            prompt_tokens INTEGER NOT NULL DEFAULT 0 CHECK (prompt_tokens >= 0),
+            completion_tokens INTEGER NOT NULL DEFAULT 0 CHECK (completion_tokens >= 0),
+            total_tokens INTEGER NOT NULL DEFAULT 0 CHECK (total_tokens >= 0),
+            cached_tokens INTEGER NOT NULL DEFAULT 0 CHECK (cached_tokens >= 0),
+            tokens_estimated BOOLEAN NOT NULL DEFAULT FALSE,
+            cost_usd NUMERIC(24, 10),
+            provider_cost_usd NUMERIC(24, 10),
+            provider_cost_diem NUMERIC(24, 10),
+            duration_ms DOUBLE PRECISION NOT NULL,
+            ttfb_ms DOUBLE PRECISION,
+            first_chunk_ms DOUBLE PRECISION,
+            max_gap_ms DOUBLE PRECISION,
+            attempts INTEGER NOT NULL DEFAULT 1,
+            response_id TEXT,
+            finish_reasons TEXT[] NOT NULL DEFAULT '{}',
+            trace_id TEXT,
+            PRIMARY KEY (request_id, started_at)
+        ) PARTITION BY RANGE (started_at);
+        CREATE INDEX usage_records_started ON usage_records (started_at);
+        CREATE INDEX usage_records_key_started ON usage_records (key_id, started_at);
+        CREATE INDEX usage_records_subject_started ON usage_records (subject_id, started_at);
+        DO $$
+        DECLARE day date;
+        BEGIN
+            FOR day IN SELECT DISTINCT (started_at AT TIME ZONE 'UTC')::date
+                       FROM usage_records_v1 LOOP
+                EXECUTE format(
+                    'CREATE TABLE %I PARTITION OF usage_records FOR VALUES FROM (%L) TO (%L)',
+                    'usage_records_p' || to_char(day, 'YYYYMMDD'),
+                    day::timestamp AT TIME ZONE 'UTC', (day + 1)::timestamp AT TIME ZONE 'UTC');
+            END LOOP;
+        END $$;
+        INSERT INTO usage_records (
+            request_id, started_at, ended_at, key_id, subject_id, adapter, endpoint, model,
+            provider, upstream_model, stream, status, error_code, prompt_tokens,
+            completion_tokens, total_tokens, provider_cost_usd, provider_cost_diem,
+            duration_ms, ttfb_ms, first_chunk_ms, max_gap_ms, attempts, response_id,
+            finish_reasons)
+        SELECT request_id, started_at,
+            started_at + duration_ms * interval '1 millisecond', key_id::text, subject_id,
+            adapter, endpoint, model, upstream, model, stream, status, error_type,
+            prompt_tokens, completion_tokens, total_tokens, cost_usd::numeric,
+            cost_diem::numeric, duration_ms, ttfb_ms, first_chunk_ms, max_gap_ms, attempts,
+            response_id, finish_reasons
+        FROM usage_records_v1;
+        DROP TABLE usage_records_v1;
+        """,
+    ),
+    Migration(
+        5,
+        "the budget ledger: counters reserved against, token buckets",
+        # spent and reserved are whole units (1e-10 USD, or tokens). Postgres reserves and
+        # settles through two functions, one statement each; SQLite keeps the tables for
+        # gateways that share a SQLite file between processes.
+        sqlite="""
+        CREATE TABLE quota_counters (
+            name TEXT PRIMARY KEY,
+            spent INTEGER NOT NULL DEFAULT 0,
+            reserved INTEGER NOT NULL DEFAULT 0 CHECK (reserved >= 0),
+            expires_at REAL NOT NULL
+        );
+        CREATE TABLE quota_buckets (
+            name TEXT PRIMARY KEY,
+            level REAL NOT NULL,
+            at REAL NOT NULL
+        );
+        """,
+        postgres="""
+        CREATE TABLE quota_counters (
+            name TEXT PRIMARY KEY,
+            spent BIGINT NOT NULL DEFAULT 0,
+            reserved BIGINT NOT NULL DEFAULT 0 CHECK (reserved >= 0),
+            expires_at TIMESTAMPTZ NOT NULL
+        );
+        CREATE INDEX quota_counters_expires ON quota_counters (expires_at);
+        CREATE TABLE quota_buckets (
+            name TEXT PRIMARY KEY,
+            level DOUBLE PRECISION NOT NULL,
+            at TIMESTAMPTZ NOT NULL
+        );
+        CREATE FUNCTION llmg_reserve(
+            names TEXT[], limits BIGINT[], amounts BIGINT[], expires TIMESTAMPTZ[],
+            buckets TEXT[], capacities BIGINT[], draws BIGINT[],
+            OUT granted BOOLEAN, OUT refused TEXT, OUT lefts BIGINT[]
+        ) LANGUAGE plpgsql AS $$
+        DECLARE
+            i INTEGER;
+            s BIGINT;
+            r BIGINT;
+            lvl DOUBLE PRECISION;
+            levels DOUBLE PRECISION[] := '{}';
+            now_ TIMESTAMPTZ := clock_timestamp();
+        BEGIN
+            granted := FALSE;
+            lefts := '{}';
+            INSERT INTO quota_counters (name, expires_at)
+                SELECT * FROM unnest(names, expires) ON CONFLICT (name) DO NOTHING;
+            INSERT INTO quota_buckets (name, level, at)
+                SELECT b.name, b.capacity, now_
+                FROM unnest(buckets, capacities) AS b(name, capacity)
+                ON CONFLICT (name) DO NOTHING;
+            PERFORM 1 FROM quota_counters WHERE name = ANY(names) ORDER BY name FOR UPDATE;
+            PERFORM 1 FROM quota_buckets WHERE name = ANY(buckets) ORDER BY name FOR UPDATE;
+            FOR i IN 1 .. coalesce(array_length(names, 1), 0) LOOP
+                SELECT spent, reserved INTO s, r FROM quota_counters WHERE name = names[i];
+                lefts := lefts || (limits[i] - s - r);
+                IF refused IS NULL AND s + r + amounts[i] > limits[i] THEN
+                    refused := names[i];
+                END IF;
+            END LOOP;
+            FOR i IN 1 .. coalesce(array_length(buckets, 1), 0) LOOP
+                SELECT least(capacities[i]::double precision, level
+                             + extract(epoch FROM now_ - at) * capacities[i] / 60.0)
+                    INTO lvl FROM quota_buckets WHERE name = buckets[i];
+                levels := levels || lvl;
+                lefts := lefts || floor(lvl)::BIGINT;
+                IF refused IS NULL AND lvl < draws[i] THEN
+                    refused := buckets[i];
+                END IF;
+            END LOOP;
+            IF refused IS NOT NULL THEN
+                RETURN;
+            END IF;
+            UPDATE quota_counters c SET reserved = c.reserved + a.amount,
+                                        expires_at = greatest(c.expires_at, a.expires)
+                FROM unnest(names, amounts, expires) AS a(name, amount, expires)
+                WHERE c.name = a.name;
+            FOR i IN 1 .. coalesce(array_length(buckets, 1), 0) LOOP
+                UPDATE quota_buckets SET level = levels[i] - draws[i], at = now_
+                    WHERE name = buckets[i];
+            END LOOP;
+            granted := TRUE;
+        END $$;
+        CREATE FUNCTION llmg_settle(
+            names TEXT[], held BIGINT[], spent BIGINT[], expires TIMESTAMPTZ[],
+            buckets TEXT[], capacities BIGINT[], drawn BIGINT[], used BIGINT[]
+        ) RETURNS VOID LANGUAGE plpgsql AS $$
+        DECLARE
+            i INTEGER;
+            now_ TIMESTAMPTZ := clock_timestamp();
+        BEGIN
+            INSERT INTO quota_counters (name, expires_at)
+                SELECT * FROM unnest(names, expires) ON CONFLICT (name) DO NOTHING;
+            UPDATE quota_counters c
+                SET reserved = greatest(0, c.reserved - a.held), spent = c.spent + a.spent
+                FROM unnest(names, held, spent) AS a(name, held, spent)
+                WHERE c.name = a.name;
+            FOR i IN 1 .. coalesce(array_length(buckets, 1), 0) LOOP
+                UPDATE quota_buckets SET
+                    level = least(capacities[i]::double precision, level
+                                  + extract(epoch FROM now_ - at) * capacities[i] / 60.0
+                                  + drawn[i] - used[i]),
+                    at = now_
+                    WHERE name = buckets[i];
+            END LOOP;
+        END $$;
         """,
     ),
 )

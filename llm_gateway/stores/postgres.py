@@ -15,12 +15,14 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from llm_gateway.billing.metering import UsageRecord
 from llm_gateway.keys import KeyRecord
 from llm_gateway.stores import StoreUnavailable
+from llm_gateway.stores.admin_postgres import AdminPostgresMixin
 from llm_gateway.stores.migrations import MIGRATIONS
+from llm_gateway.stores.usage_postgres import UsagePostgresMixin
 
 T = TypeVar("T")
 Connection = psycopg.AsyncConnection[tuple[Any, ...]]
@@ -30,17 +32,16 @@ Connection = psycopg.AsyncConnection[tuple[Any, ...]]
 _MIGRATION_LOCK_ID = 7_324_001
 # A request must not hang on a dead database: get a connection within this or fail.
 POOL_TIMEOUT_SECONDS = 3.0
+# No statement may hang a request: a table someone holds locked (a long ALTER, a LOCK
+# TABLE) is given up on after a second, and anything slower than five seconds is stopped.
+# Either becomes StoreUnavailable, which the failure policies answer. Migrations and
+# reports, which may take longer, lift the statement limit for their own transaction.
+STATEMENT_LIMITS = "-c lock_timeout=1000 -c statement_timeout=5000"
 CONNECT_TIMEOUT_SECONDS = 3
 
 _KEY_COLUMNS = (
     "id, subject_id, name, prefix, key_hash, is_active, revoked_at, expires_at, created_at, "
     "last_used_at, rate_limit_requests, rate_limit_window_seconds, allowed_models"
-)
-_USAGE_COLUMNS = (
-    "request_id, key_id, subject_id, adapter, endpoint, model, upstream, stream, status, "
-    "error_type, prompt_tokens, completion_tokens, total_tokens, cost_usd, cost_diem, "
-    "response_id, finish_reasons, started_at, duration_ms, ttfb_ms, first_chunk_ms, "
-    "max_gap_ms, attempts"
 )
 
 
@@ -64,19 +65,6 @@ def _row_to_key(row: tuple[Any, ...]) -> KeyRecord:
     )
 
 
-def _row_to_usage(r: tuple[Any, ...]) -> UsageRecord:
-    started_at = from_timestamp(r[17])
-    assert started_at is not None
-    return UsageRecord(
-        request_id=r[0], key_id=str(r[1]), subject_id=r[2], adapter=r[3], endpoint=r[4],
-        model=r[5], upstream=r[6], stream=r[7], status=r[8], error_type=r[9],
-        prompt_tokens=r[10], completion_tokens=r[11], total_tokens=r[12], cost_usd=r[13],
-        cost_diem=r[14], response_id=r[15], finish_reasons=list(r[16]), started_at=started_at,
-        duration_ms=r[18], ttfb_ms=r[19], first_chunk_ms=r[20], max_gap_ms=r[21],
-        attempts=r[22],
-    )
-
-
 def _as_uuid(text: str) -> uuid.UUID | None:
     try:
         return uuid.UUID(text)
@@ -84,7 +72,9 @@ def _as_uuid(text: str) -> uuid.UUID | None:
         return None
 
 
-class PostgresStore:
+class PostgresStore(UsagePostgresMixin, AdminPostgresMixin):
+    dialect = "postgres"
+
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
         self.url = url
         # Opened on first use, inside the event loop that will use it (the pool's
@@ -95,7 +85,10 @@ class PostgresStore:
             max_size=max_size,
             open=False,
             timeout=POOL_TIMEOUT_SECONDS,
-            kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_SECONDS},
+            kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT_SECONDS,
+                    # Added to the URL's own options (a search_path, say), not instead.
+                    "options": f"{conninfo_to_dict(url).get('options') or ''} "
+                               f"{STATEMENT_LIMITS}".strip()},
             name="llm-gateway",
         )
         self._opened = False
@@ -137,6 +130,8 @@ class PostgresStore:
         applied: list[int] = []
         async with self.connection() as conn, conn.transaction():
             # Replicas starting together: one migrates, the others wait and find it done.
+            await conn.execute("SET LOCAL statement_timeout = 0")
+            await conn.execute("SET LOCAL lock_timeout = 0")
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK_ID,))
             await conn.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations ("
@@ -158,7 +153,8 @@ class PostgresStore:
 
     async def ping(self) -> None:
         async def probe(conn: Connection) -> None:
-            await conn.execute("SELECT 1 FROM schema_migrations LIMIT 1")
+            # The key table: readiness must fail when key lookups would.
+            await conn.execute("SELECT 1 FROM gateway_keys LIMIT 1")
 
         await self._read(probe)
 
@@ -237,30 +233,3 @@ class PostgresStore:
                 (ids, moments),
             )
 
-    async def write_usage(self, records: list[UsageRecord]) -> None:
-        rows = [
-            (
-                r.request_id, uuid.UUID(r.key_id), r.subject_id, r.adapter, r.endpoint, r.model,
-                r.upstream, r.stream, r.status, r.error_type, r.prompt_tokens,
-                r.completion_tokens, r.total_tokens, r.cost_usd, r.cost_diem, r.response_id,
-                list(r.finish_reasons), to_timestamp(r.started_at), r.duration_ms, r.ttfb_ms,
-                r.first_chunk_ms, r.max_gap_ms, r.attempts,
-            )
-            for r in records
-        ]
-        async with self.connection() as conn, conn.transaction(), conn.cursor() as cursor:
-            # executemany pipelines the rows: one batch costs about one round trip.
-            await cursor.executemany(
-                f"INSERT INTO usage_records ({_USAGE_COLUMNS}) "
-                f"VALUES ({', '.join(['%s'] * 23)}) ON CONFLICT (request_id) DO NOTHING",
-                rows,
-            )
-
-    async def usage_records(self) -> list[UsageRecord]:
-        """All records, oldest first: for tests, reports and the CLI."""
-        async with self.connection() as conn:
-            cursor = await conn.execute(
-                f"SELECT {_USAGE_COLUMNS} FROM usage_records ORDER BY started_at"
-            )
-            rows = await cursor.fetchall()
-        return [_row_to_usage(r) for r in rows]

@@ -11,9 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from llm_gateway.billing.metering import UsageRecord
 from llm_gateway.keys import KeyRecord
+from llm_gateway.stores.admin_sqlite import AdminSqliteMixin
 from llm_gateway.stores.migrations import MIGRATIONS
+from llm_gateway.stores.usage_sqlite import UsageSqliteMixin
 
 T = TypeVar("T")
 
@@ -32,7 +33,9 @@ def _row_to_key(row: tuple) -> KeyRecord:
     )
 
 
-class SqliteStore:
+class SqliteStore(UsageSqliteMixin, AdminSqliteMixin):
+    dialect = "sqlite"
+
     def __init__(self, path: str) -> None:
         self.path = path
         # A single thread owns the connection: SQLite serialises writers anyway, and
@@ -152,54 +155,3 @@ class SqliteStore:
             "UPDATE gateway_keys SET last_used_at = max(coalesce(last_used_at, 0), ?) "
             "WHERE id = ?", items,
         ))
-
-    async def write_usage(self, records: list[UsageRecord]) -> None:
-        rows = [
-            (
-                r.request_id, r.key_id, r.subject_id, r.adapter, r.endpoint, r.model, r.upstream,
-                int(r.stream), r.status, r.error_type, r.prompt_tokens, r.completion_tokens,
-                r.total_tokens, r.cost_usd, r.cost_diem, r.response_id,
-                json.dumps(r.finish_reasons), r.started_at, r.duration_ms, r.ttfb_ms,
-                r.first_chunk_ms, r.max_gap_ms, r.attempts,
-            )
-            for r in records
-        ]
-
-        def write(db: sqlite3.Connection) -> None:
-            db.execute("BEGIN")
-            try:
-                db.executemany(
-                    f"INSERT OR IGNORE INTO usage_records ({_USAGE_COLUMNS}) "
-                    f"VALUES ({', '.join('?' * 23)})", rows,
-                )
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-
-        await self._run(write)
-
-    async def usage_records(self) -> list[UsageRecord]:
-        """All records, oldest first: for tests, reports and the CLI."""
-        rows = await self._run(lambda db: db.execute(
-            f"SELECT {_USAGE_COLUMNS} FROM usage_records ORDER BY started_at"
-        ).fetchall())
-        return [
-            UsageRecord(
-                request_id=r[0], key_id=r[1], subject_id=r[2], adapter=r[3], endpoint=r[4],
-                model=r[5], upstream=r[6], stream=bool(r[7]), status=r[8], error_type=r[9],
-                prompt_tokens=r[10], completion_tokens=r[11], total_tokens=r[12],
-                cost_usd=r[13], cost_diem=r[14], response_id=r[15],
-                finish_reasons=json.loads(r[16]), started_at=r[17], duration_ms=r[18],
-                ttfb_ms=r[19], first_chunk_ms=r[20], max_gap_ms=r[21], attempts=r[22],
-            )
-            for r in rows
-        ]
-
-
-_USAGE_COLUMNS = (
-    "request_id, key_id, subject_id, adapter, endpoint, model, upstream, stream, status, "
-    "error_type, prompt_tokens, completion_tokens, total_tokens, cost_usd, cost_diem, "
-    "response_id, finish_reasons, started_at, duration_ms, ttfb_ms, first_chunk_ms, "
-    "max_gap_ms, attempts"
-)

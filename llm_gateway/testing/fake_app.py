@@ -5,7 +5,7 @@ import hmac
 import re
 import time
 
-from llm_gateway.asgi_types import Receive, Scope, Send, answer_lifespan
+from llm_gateway.asgi_types import Message, Receive, Scope, Send, answer_lifespan
 from llm_gateway.testing import fake_endpoints
 from llm_gateway.testing.fake_content import DEFAULT_FAKE_API_KEY, billing_payload
 from llm_gateway.testing.fake_errors import error_payload
@@ -73,6 +73,10 @@ class FakeUpstream:
         self.strict_fields = strict_fields
         self.requests: list[RecordedRequest] = []
         self.connections = 0  # incremented by the runner's protocol on every accepted connection
+        # Requests being answered now, and the most at once since the last reset: what a
+        # bulkhead in front of the fake must keep under its limit.
+        self.in_flight = 0
+        self.max_in_flight = 0
         self._faults = FaultQueue()
         hide_deliberate_cut_tracebacks()
 
@@ -90,6 +94,7 @@ class FakeUpstream:
         self._faults.clear()
         self.requests.clear()
         self.connections = 0
+        self.max_in_flight = self.in_flight
 
     # -- ASGI entry point --
 
@@ -97,7 +102,14 @@ class FakeUpstream:
         if scope["type"] != "http":
             await self._handle_non_http(scope, receive, send)
             return
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await self._answer(scope, receive, send)
+        finally:
+            self.in_flight -= 1
 
+    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await read_body(receive)
         headers = header_dict(scope["headers"])
         body_json = parse_json(body)
@@ -111,6 +123,7 @@ class FakeUpstream:
                 method, path, query, headers, body, body_json, received_at=time.monotonic()
             )
             self.requests.append(recorded)
+            send = _recording(send, recorded.sent)
 
         prefix = self.api_prefix
         if path != prefix and not path.startswith(prefix + "/"):
@@ -187,3 +200,14 @@ class FakeUpstream:
             await fake_endpoints.embeddings(exchange, fault)
         else:
             await fake_endpoints.models(exchange, fault)
+
+
+def _recording(send: Send, sent: bytearray) -> Send:
+    """``send``, keeping a copy of every body byte: what a test compares a relay with."""
+
+    async def recording_send(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            sent.extend(message.get("body", b""))
+        await send(message)
+
+    return recording_send

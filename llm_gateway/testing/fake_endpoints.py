@@ -83,6 +83,10 @@ async def chat_completions(
         await exchange.reject("headers", settings)
         return
     chunk_count, chunk_delay = settings
+    cap = request.get("max_tokens", request.get("max_completion_tokens"))
+    if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 0:
+        # As a real model: never more completion tokens than the request allows.
+        chunk_count = min(chunk_count, cap // WORDS_PER_CHUNK)
     reply = ChatReply(model=model, chunk_count=chunk_count, created=int(time.time()))
     venice = exchange.provider == "venice"
     usage = usage_payload(

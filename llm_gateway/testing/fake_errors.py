@@ -13,43 +13,8 @@ _OPENAI_ERROR_KINDS: dict[int, tuple[str, str | None]] = {
     429: ("requests", "rate_limit_exceeded"),
 }
 
-# The top-level fields of ChatCompletionRequest in Venice's OpenAPI document (swagger.yaml in
-# github.com/veniceai/api-docs, version 20260821.193530), which is what
-# docs.venice.ai/api-reference/endpoint/chat/completions renders. The schema says
-# `additionalProperties: false` (in every version since 2025-05 at least) and Venice validates
-# with zod: any other field is a 400 "Unrecognized key(s) in object: '...'".
-VENICE_CHAT_FIELDS = frozenset({
-    "model", "messages", "venice_parameters",
-    "stream", "stream_options",
-    "max_tokens", "max_completion_tokens",
-    "temperature", "top_p", "top_k", "min_p", "min_temp", "max_temp",
-    "frequency_penalty", "presence_penalty", "repetition_penalty",
-    "n", "seed", "stop", "stop_token_ids",
-    "logprobs", "top_logprobs",
-    "tools", "tool_choice", "parallel_tool_calls", "response_format",
-    "reasoning", "reasoning_effort", "verbosity", "text",
-    "prompt_cache_key", "prompt_cache_retention",
-    "user", "store", "metadata", "include", "fallbacks",
-})
-
-# The top-level fields of CreateChatCompletionRequest (with CreateModelResponseProperties) in
-# openapi.yaml of github.com/openai/openai-openapi, version 2.3.0, the source of
-# platform.openai.com/docs/api-reference/chat/create. The schema does not say it, but the API
-# refuses any other field: 400 "Unrecognized request argument supplied: top_k" (reported e.g. in
-# github.com/xlinx/sd-webui-decadetw-auto-prompt-llm/issues/29, coroot/coroot/issues/698).
-OPENAI_CHAT_FIELDS = frozenset({
-    "model", "messages",
-    "stream", "stream_options",
-    "max_tokens", "max_completion_tokens",
-    "temperature", "top_p", "frequency_penalty", "presence_penalty", "logit_bias",
-    "n", "seed", "stop",
-    "logprobs", "top_logprobs",
-    "tools", "tool_choice", "parallel_tool_calls", "response_format",
-    "functions", "function_call",
-    "reasoning_effort", "verbosity", "modalities", "audio", "prediction", "web_search_options",
-    "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
-    "service_tier", "store", "metadata", "moderation", "safety_identifier", "user",
-})
+from llm_gateway.providers.openai import OPENAI_CHAT_FIELDS  # noqa: E402
+from llm_gateway.providers.venice import VENICE_CHAT_FIELDS  # noqa: E402
 
 CHAT_FIELDS_BY_MODE = {"venice": VENICE_CHAT_FIELDS, "openai": OPENAI_CHAT_FIELDS}
 

@@ -27,6 +27,7 @@ class RecordedRequest:
     # True when the client hung up while the fake was deliberately waiting (fault delay or chunk
     # delay). Without a delay the fake never waits, so it cannot notice and this stays False.
     client_hung_up: bool = False
+    sent: bytearray = field(default_factory=bytearray)  # every body byte the fake answered
 
 
 async def read_body(receive: Receive) -> bytes:

@@ -1,0 +1,83 @@
+"""Admin API: budgets (with what they spent), prices, and usage reports."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Response
+
+from llm_gateway.admin import schemas
+from llm_gateway.admin.api_common import ERROR_RESPONSES, Service
+from llm_gateway.admin.common import parse_time
+from llm_gateway.admin.service import budget_fields, price_fields
+from llm_gateway.billing.model import BudgetScope
+
+router = APIRouter(prefix="/admin/v1", responses=ERROR_RESPONSES)
+
+@router.get("/budgets", response_model=list[schemas.BudgetWithSpend],
+            summary="Every budget, with what its key or subject spent today and this month")
+async def list_budgets(
+    service: Service, scope: Annotated[BudgetScope | None, Query()] = None,
+) -> list[dict[str, Any]]:
+    return await service.budgets_with_spend(scope)
+
+
+@router.get("/budgets/{scope}/{scope_id}", response_model=schemas.Budget,
+            summary="One budget: scope key (id or prefix) or subject")
+async def show_budget(scope: BudgetScope, scope_id: str, service: Service) -> dict[str, Any]:
+    return budget_fields(await service.budget(scope, scope_id))
+
+
+@router.put("/budgets/{scope}/{scope_id}", response_model=schemas.Budget,
+            summary="Set a budget (every limit; one left out or null is no limit)")
+async def put_budget(scope: BudgetScope, scope_id: str, body: schemas.BudgetIn,
+                     service: Service) -> dict[str, Any]:
+    return budget_fields(await service.set_budget(scope, scope_id, body.model_dump()))
+
+
+@router.delete("/budgets/{scope}/{scope_id}", status_code=204, response_class=Response,
+               summary="Remove a budget")
+async def delete_budget(scope: BudgetScope, scope_id: str, service: Service) -> Response:
+    await service.delete_budget(scope, scope_id)
+    return Response(status_code=204)
+
+
+@router.get("/prices", response_model=list[schemas.Price],
+            summary="Every price, by provider, model and effective time")
+async def list_prices(service: Service) -> list[dict[str, Any]]:
+    return [price_fields(price) for price in await service.prices()]
+
+
+@router.post("/prices", response_model=schemas.Price, status_code=201,
+             summary="Set a model's price from a moment on (default: now)")
+async def set_price(body: schemas.PriceIn, service: Service) -> dict[str, Any]:
+    price = await service.set_price(
+        provider=body.provider, model=body.model, input_per_mtok=body.input_per_mtok,
+        output_per_mtok=body.output_per_mtok, cached_input_per_mtok=body.cached_input_per_mtok,
+        effective_from=(None if body.effective_from is None
+                        else parse_time(body.effective_from, "effective_from")),
+    )
+    return price_fields(price)
+
+
+@router.get("/usage", response_model=schemas.UsageReport,
+            summary="Usage report: requests, tokens, cost, errors, latency per group")
+async def usage(
+    service: Service,
+    by: Annotated[str, Query(description="key, subject, model, provider, day; "
+                                         "comma-separated for several (day,model)")] = "day",
+    since: Annotated[str | None, Query(description="ISO 8601 or Unix seconds")] = None,
+    until: Annotated[str | None, Query(description="ISO 8601 or Unix seconds")] = None,
+) -> dict[str, Any]:
+    groups = [name.strip() for name in by.split(",") if name.strip()]
+    start = parse_time(since, "since") if since else None
+    end = parse_time(until, "until") if until else None
+    rows = await service.usage(groups, start, end)
+    return {"available": rows is not None, "by": groups, "since": start, "until": end,
+            "rows": [_jsonable_row(row) for row in rows or []]}
+
+
+def _jsonable_row(row: dict[str, Any]) -> dict[str, Any]:
+    """Money stays exact: Decimals become strings."""
+    return {name: (str(value) if name.endswith("_usd") and value is not None else value)
+            for name, value in row.items()}

@@ -1,0 +1,93 @@
+// Overview: today against yesterday, 30 days of spend by model, the keys that spend most
+// this week, and whether any upstream target is unwell.
+
+import { api, query } from "../api.js";
+import { dayRange, seriesByName, stackedBars } from "../chart.js";
+import { DAY, badge, card, dayStart, empty, fmt, h, isoDay, pageHeader, table } from "../ui.js";
+
+const METRICS = [
+  { label: "Requests", value: (r) => r.requests, format: fmt.int },
+  { label: "Errors", value: (r) => r.errors, format: fmt.int, worseWhenUp: true },
+  { label: "Tokens", value: (r) => r.total_tokens, format: fmt.compact },
+  { label: "Spend", value: (r) => Number(r.cost_usd || 0), format: fmt.usd },
+];
+
+export async function render() {
+  const today = dayStart();
+  // Two reports: today and yesterday are summed from the 30 days by model.
+  const [byModel, byKey, routes] = await Promise.all([
+    api("/usage" + query({ by: "day,model", since: today - 29 * DAY })),
+    api("/usage" + query({ by: "key", since: today - 6 * DAY })),
+    api("/routes").catch(() => null),
+  ]);
+  const page = h("div", { class: "page" },
+    pageHeader("Overview", "Traffic and spend across every key, in UTC days."));
+  if (!byModel.available) {
+    page.append(empty("Usage reports are not available yet",
+      "This gateway keeps usage records, but has no reporting on them yet."));
+    if (routes) page.append(healthCard(routes));
+    return page;
+  }
+  page.append(statCards(byModel.rows, today));
+  page.append(card("Spend per day by model, last 30 days", spendChart(byModel.rows, today)));
+  const grid = h("div", { class: "grid-2" }, card("Top keys this week", topKeys(byKey.rows)));
+  if (routes) grid.append(healthCard(routes));
+  page.append(grid);
+  return page;
+}
+
+function dayTotals(rows, day) {
+  const totals = { requests: 0, errors: 0, total_tokens: 0, cost_usd: 0 };
+  for (const row of rows) {
+    if (String(row.day).slice(0, 10) !== isoDay(day)) continue;
+    for (const name of Object.keys(totals)) totals[name] += Number(row[name] || 0);
+  }
+  return totals;
+}
+
+function statCards(rows, today) {
+  const now = dayTotals(rows, today);
+  const before = dayTotals(rows, today - DAY);
+  return h("div", { class: "stats", role: "list" }, METRICS.map((m) => {
+    const a = Number(m.value(now) || 0);
+    const b = Number(m.value(before) || 0);
+    const delta = b ? (a - b) / b : null;
+    const up = delta !== null && delta > 0;
+    // Only errors have a good direction; more traffic or spend is neither good nor bad.
+    const tone = !m.worseWhenUp || !delta ? "flat" : up ? "bad" : "good";
+    const change = delta === null ? "no traffic yesterday" : `${up ? "▲" : delta < 0 ? "▼" : "="} ${Math.abs(Math.round(delta * 100))}% vs yesterday`;
+    return h("div", { class: "stat", role: "listitem" },
+      h("p", { class: "stat-label" }, m.label, h("span", { class: "visually-hidden" }, " today")),
+      h("p", { class: "stat-value" }, m.format(a)),
+      h("p", { class: `stat-delta ${tone}` }, change, h("span", { class: "stat-prev" }, ` (${m.format(b)})`)));
+  }));
+}
+
+function spendChart(rows, today) {
+  if (!rows.length) return empty("No spend in the last 30 days", "Requests appear here once keys are used.");
+  const categories = dayRange(today - 29 * DAY, 30);
+  const series = seriesByName(rows, (r) => r.model, (r) => Number(r.cost_usd || 0));
+  return stackedBars({ title: "Spend per day by model", categories, series, labelEvery: 5 });
+}
+
+function topKeys(rows) {
+  const top = [...rows].sort((a, b) => Number(b.cost_usd || 0) - Number(a.cost_usd || 0)).slice(0, 5);
+  if (!top.length) return empty("No key was used this week");
+  return table([
+    { label: "Key", render: (r) => h("span", {}, r.key_name || "–", h("span", { class: "muted mono" }, ` ${r.key_prefix || r.key_id || ""}`)) },
+    { label: "Subject", render: (r) => r.subject || "–" },
+    { label: "Requests", class: "num", render: (r) => fmt.int(r.requests) },
+    { label: "Spend", class: "num", render: (r) => fmt.usd(r.cost_usd) },
+  ], top, { caption: "Top keys this week" });
+}
+
+function healthCard(routes) {
+  const targets = routes.models.flatMap((m) => m.targets.map((t) => ({ ...t, alias: m.name })));
+  const unwell = targets.filter((t) => t.health !== "healthy");
+  const body = !targets.length
+    ? empty("No model aliases", `Requests go to ${routes.default_provider} as named.`)
+    : unwell.length
+      ? h("ul", { class: "plain-list" }, unwell.map((t) => h("li", {}, badge(t.health), ` ${t.alias} → ${t.provider}/${t.model}`)))
+      : h("p", { class: "ok-line" }, badge("healthy"), ` All ${targets.length} targets are healthy.`);
+  return card("Upstream health", body, h("p", {}, h("a", { href: "#/routes" }, "Providers and routes →")));
+}

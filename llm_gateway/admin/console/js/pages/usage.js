@@ -1,0 +1,135 @@
+// Usage: the billing report, filtered by key, subject, model and time range; a chart of
+// spend per day and a table grouped as chosen, downloadable as CSV.
+// Filtering uses the report itself: the filtered dimensions are added to its grouping and
+// the rows kept are those of the chosen values, so every figure (latency percentiles too)
+// is the server's own for exactly that selection.
+
+import { api, query } from "../api.js";
+import { dayRange, seriesByName, stackedBars } from "../chart.js";
+import { DAY, card, dayStart, downloadCsv, empty, field, fmt, h, isoDay, pageHeader, table } from "../ui.js";
+
+const RANGES = [["1", "Today"], ["7", "Last 7 days"], ["30", "Last 30 days"], ["90", "Last 90 days"]];
+const GROUPS = [["model", "Model"], ["key", "Key"], ["subject", "Subject"], ["provider", "Provider"], ["day", "Day"]];
+const FILTERS = { key: "key_id", subject: "subject", model: "model" };
+const state = { range: "7", key: "", subject: "", model: "", group: "model" };
+
+// One page's report requests, by URL: the same report is asked for once.
+let requests = new Map();
+function report(params) {
+  const url = "/usage" + query(params);
+  if (!requests.has(url)) requests.set(url, api(url));
+  return requests.get(url);
+}
+
+function rangeStart() {
+  return dayStart() - (Number(state.range) - 1) * DAY;
+}
+
+export async function render() {
+  requests = new Map();
+  // The model filter's choices: the models of the range (the default table's own report).
+  const [keys, models] = await Promise.all([api("/keys"), report({ by: "model", since: rangeStart() })]);
+  const page = h("div", { class: "page" }, pageHeader("Usage", "Requests, tokens and spend from the usage records, in UTC days."));
+  if (!models.available) {
+    page.append(empty("Usage reports are not available yet", "This gateway keeps usage records, but has no reporting on them yet."));
+    return page;
+  }
+  const results = h("div", { class: "results" });
+  page.append(filters(keys, models.rows, () => refresh(results)), results);
+  await refresh(results);
+  return page;
+}
+
+function select(name, options, value) {
+  const el = h("select", { name }, options.map(([v, label]) => h("option", { value: v }, label)));
+  el.value = value;
+  return el;
+}
+
+function filters(keys, modelRows, apply) {
+  const subjects = [...new Set(keys.map((k) => k.subject_id))].sort();
+  const models = [...new Set(modelRows.map((r) => r.model).filter(Boolean))].sort();
+  const inputs = {
+    range: select("range", RANGES, state.range),
+    key: select("key", [["", "All keys"], ...keys.map((k) => [k.id, `${k.name} (${k.prefix}…)`])], state.key),
+    subject: select("subject", [["", "All subjects"], ...subjects.map((s) => [s, s])], state.subject),
+    model: select("model", [["", "All models"], ...models.map((m) => [m, m])], state.model),
+    group: select("group", GROUPS, state.group),
+  };
+  const form = h("form", { class: "toolbar filters", "aria-label": "Usage filters" },
+    field("Range", inputs.range), field("Key", inputs.key), field("Subject", inputs.subject), field("Model", inputs.model), field("Group by", inputs.group));
+  form.addEventListener("change", () => {
+    for (const [name, input] of Object.entries(inputs)) state[name] = input.value;
+    apply();
+  });
+  form.addEventListener("submit", (event) => event.preventDefault());
+  return form;
+}
+
+function selection(extra) {
+  const dims = [...extra];
+  for (const name of Object.keys(FILTERS)) if (state[name] && !dims.includes(name)) dims.push(name);
+  const keep = (row) => Object.entries(FILTERS).every(([name, column]) => !state[name] || row[column] === state[name]);
+  return { by: dims.join(","), keep };
+}
+
+async function refresh(results) {
+  const days = Number(state.range);
+  const since = rangeStart();
+  const chartSel = selection(state.group === "day" ? ["day"] : ["day", state.group]);
+  const tableSel = selection([state.group]);
+  const [chartRows, tableRows] = await Promise.all([
+    report({ by: chartSel.by, since }).then((r) => r.rows.filter(chartSel.keep)),
+    report({ by: tableSel.by, since }).then((r) => r.rows.filter(tableSel.keep)),
+  ]);
+  if (!tableRows.length) {
+    results.replaceChildren(empty("No usage for this selection", "Widen the range or clear a filter."));
+    return;
+  }
+  const totals = tableRows.reduce((t, r) => ({ requests: t.requests + r.requests, errors: t.errors + r.errors, tokens: t.tokens + r.total_tokens, cost: t.cost + Number(r.cost_usd || 0) }), { requests: 0, errors: 0, tokens: 0, cost: 0 });
+  const nameOf = (r) => (state.group === "day" ? "spend" : label(r, state.group));
+  const series = seriesByName(chartRows, nameOf, (r) => Number(r.cost_usd || 0));
+  const chart = stackedBars({ title: "Spend per day", categories: dayRange(since, days), series, labelEvery: days > 14 ? 5 : 1 });
+  const download = h("button", { class: "button", type: "button", onclick: () => csv(tableRows) }, "Download CSV");
+  results.replaceChildren(
+    h("div", { class: "stats compact", role: "list" },
+      stat("Requests", fmt.int(totals.requests)), stat("Errors", `${fmt.int(totals.errors)} (${fmt.pct(totals.errors, totals.requests)})`),
+      stat("Tokens", fmt.compact(totals.tokens)), stat("Spend", fmt.usd(totals.cost))),
+    card(`Spend per day${state.group === "day" ? "" : ` by ${state.group}`}`, chart),
+    card(`By ${state.group}`, h("div", { class: "card-actions" }, download), usageTable(tableRows)));
+}
+
+function stat(title, value) {
+  return h("div", { class: "stat", role: "listitem" }, h("p", { class: "stat-label" }, title), h("p", { class: "stat-value" }, value));
+}
+
+function label(row, group) {
+  if (group === "key") return row.key_name ? `${row.key_name} (${row.key_prefix}…)` : row.key_id;
+  if (group === "day") return String(row.day).slice(0, 10);
+  return row[group] || "(none)";
+}
+
+function usageTable(rows) {
+  const sorted = [...rows].sort((a, b) => (state.group === "day" ? String(b.day).localeCompare(String(a.day)) : Number(b.cost_usd || 0) - Number(a.cost_usd || 0)));
+  return table([
+    { label: GROUPS.find(([g]) => g === state.group)[1], render: (r) => label(r, state.group) },
+    { label: "Requests", class: "num", render: (r) => fmt.int(r.requests) },
+    { label: "Errors", class: "num", render: (r) => fmt.int(r.errors) },
+    { label: "Prompt tokens", class: "num", render: (r) => fmt.int(r.prompt_tokens) },
+    { label: "Completion tokens", class: "num", render: (r) => fmt.int(r.completion_tokens) },
+    { label: "Spend", class: "num", render: (r) => fmt.usd(r.cost_usd) },
+    { label: "p50", class: "num", render: (r) => fmt.ms(r.latency_p50_ms) },
+    { label: "p95", class: "num", render: (r) => fmt.ms(r.latency_p95_ms) },
+  ], sorted, { caption: `Usage by ${state.group}` });
+}
+
+const METRICS = ["requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd",
+  "provider_cost_usd", "latency_p50_ms", "latency_p95_ms"];
+
+// The report's columns, as `llm-gateway usage report --format csv` has them: the grouping
+// fields first, then the totals.
+function csv(rows) {
+  const names = [...new Set(rows.flatMap((r) => Object.keys(r)))];
+  const columns = [...names.filter((n) => !METRICS.includes(n)), ...METRICS.filter((n) => names.includes(n))];
+  downloadCsv(`usage-by-${state.group}-${isoDay(Date.now() / 1000)}.csv`, columns, rows);
+}

@@ -1,0 +1,264 @@
+"""Prices, budgets, subjects and usage through the admin service.
+
+Spend comes from the billing package's reports (``usage_report``), the same aggregation
+as ``llm-gateway usage report``: the admin plane never sums usage records itself.
+Money is Decimal throughout, parsed from text, never from a float.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from llm_gateway.admin.common import (
+    Invalid,
+    NotFound,
+    ServiceBase,
+    changed,
+    day_start,
+    jsonable,
+    key_fields,
+    key_state,
+    money_text,
+    month_start,
+)
+from llm_gateway.billing.model import Budget, BudgetScope, OverCap, Price, money
+from llm_gateway.keys import KeyRecord
+
+REPORT_GROUPS = ("key", "subject", "model", "provider", "day")
+BUDGET_FIELDS = ("daily_usd", "monthly_usd", "daily_tokens", "monthly_tokens",
+                 "tokens_per_minute", "max_output_tokens", "over_cap", "stop_streams_at_budget")
+_USD_FIELDS = ("daily_usd", "monthly_usd")
+_COUNT_FIELDS = ("daily_tokens", "monthly_tokens", "tokens_per_minute", "max_output_tokens")
+
+
+def parse_money(value: Any, what: str) -> Decimal:
+    """A non-negative USD amount from text (or an int); a float is refused: it is already
+    rounded by the time it arrives."""
+    if isinstance(value, float | bool):
+        raise Invalid(f"{what}: give money as a decimal string such as \"0.15\", not {value!r}")
+    try:
+        amount = Decimal(str(value).strip())
+    except InvalidOperation:
+        raise Invalid(f"{what}: expected a decimal amount, got {value!r}") from None
+    if not amount.is_finite() or amount < 0:
+        raise Invalid(f"{what}: must be a finite amount >= 0, got {value!r}")
+    return money(amount)
+
+
+def price_fields(price: Price) -> dict[str, Any]:
+    return {
+        "provider": price.provider, "model": price.model,
+        "input_per_mtok": jsonable(price.input_per_mtok),
+        "output_per_mtok": jsonable(price.output_per_mtok),
+        "cached_input_per_mtok": jsonable(price.cached_input_per_mtok),
+        "effective_from": price.effective_from,
+    }
+
+
+def budget_fields(budget: Budget) -> dict[str, Any]:
+    return {"scope": budget.scope.value, "scope_id": budget.scope_id,
+            **{name: jsonable(getattr(budget, name)) for name in BUDGET_FIELDS}}
+
+
+def _budget_value(name: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if name in _USD_FIELDS:
+        return parse_money(value, name)
+    if name in _COUNT_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise Invalid(f"{name}: expected a whole number >= 0, got {value!r}")
+        if value == 0 and name in ("tokens_per_minute", "max_output_tokens"):
+            raise Invalid(f"{name}: must be > 0 (leave it unset for no limit)")
+        return value
+    if name == "over_cap":
+        try:
+            return OverCap(str(value))
+        except ValueError:
+            raise Invalid(f"over_cap: expected clamp or reject, got {value!r}") from None
+    if not isinstance(value, bool):
+        raise Invalid(f"{name}: expected true or false, got {value!r}")
+    return value
+
+
+def usage_report_function() -> Any:
+    """billing.reports.usage_report, or None while the billing package has no reports."""
+    try:
+        return importlib.import_module("llm_gateway.billing.reports").usage_report
+    except (ImportError, AttributeError):
+        return None
+
+
+class BillingOps(ServiceBase):
+    # ---- prices ---------------------------------------------------------------------
+
+    async def set_price(self, *, provider: str, model: str, input_per_mtok: Any,
+                        output_per_mtok: Any, cached_input_per_mtok: Any = None,
+                        effective_from: float | None = None) -> Price:
+        if not provider.strip() or not model.strip():
+            raise Invalid("a price needs a provider and a model")
+        price = Price(
+            provider=provider.strip(), model=model.strip(),
+            input_per_mtok=parse_money(input_per_mtok, "input"),
+            output_per_mtok=parse_money(output_per_mtok, "output"),
+            cached_input_per_mtok=(None if cached_input_per_mtok is None
+                                   else parse_money(cached_input_per_mtok, "cached input")),
+            effective_from=self.clock() if effective_from is None else effective_from,
+        )
+        same = [p for p in await self.store.prices() if (p.provider, p.model,
+                p.effective_from) == (price.provider, price.model, price.effective_from)]
+        before = price_fields(same[0]) if same else None
+        await self.store.set_price(price, audit=self.event(
+            "price.set", f"price:{price.provider}/{price.model}", before, price_fields(price)))
+        return price
+
+    async def prices(self) -> list[Price]:
+        return await self.store.prices()
+
+    # ---- budgets --------------------------------------------------------------------
+
+    async def _scope_id(self, scope: BudgetScope, ref: str) -> tuple[str, str]:
+        """(the stored scope id, the audit target) of a key (by prefix or id) or subject."""
+        if scope is BudgetScope.KEY:
+            record = await self.store.find_key(ref)
+            if record is None:
+                raise NotFound(f"no key with prefix or id {ref!r}")
+            return record.id, f"budget:key:{record.prefix}"
+        if not ref.strip():
+            raise Invalid("a subject budget needs a subject id")
+        return ref, f"budget:subject:{ref}"
+
+    async def set_budget(self, scope: BudgetScope, ref: str,
+                         fields: Mapping[str, Any]) -> Budget:
+        """Change the given fields of the budget (created when there is none); a field given
+        as None means no limit of that kind."""
+        if unknown := sorted(set(fields) - set(BUDGET_FIELDS)):
+            raise Invalid(f"a budget has no field {unknown[0]!r}")
+        scope_id, target = await self._scope_id(scope, ref)
+        values = {name: _budget_value(name, value) for name, value in fields.items()}
+        if values.get("over_cap", "") is None:
+            values["over_cap"] = OverCap.CLAMP
+        if values.get("stop_streams_at_budget", False) is None:
+            values["stop_streams_at_budget"] = False
+        current = await self.store.budget(scope, scope_id)
+        updated = dataclasses.replace(current or Budget(scope, scope_id), **values)
+        before, after = changed(budget_fields(current) if current else {},
+                                budget_fields(updated))
+        if current is not None and not after:
+            return current
+        await self.store.set_budget(updated, audit=self.event(
+            "budget.set", target, before if current else None, after))
+        return updated
+
+    async def budget(self, scope: BudgetScope, ref: str) -> Budget:
+        scope_id, _ = await self._scope_id(scope, ref)
+        budget = await self.store.budget(scope, scope_id)
+        if budget is None:
+            raise NotFound(f"no budget for {scope.value} {ref!r}")
+        return budget
+
+    async def delete_budget(self, scope: BudgetScope, ref: str) -> None:
+        scope_id, target = await self._scope_id(scope, ref)
+        current = await self.store.budget(scope, scope_id)
+        if current is None:
+            raise NotFound(f"no budget for {scope.value} {ref!r}")
+        await self.store.delete_budget(scope, scope_id, audit=self.event(
+            "budget.delete", target, budget_fields(current), None))
+
+    async def budgets(self) -> list[Budget]:
+        return await self.store.budgets()
+
+    # ---- usage and spend ------------------------------------------------------------
+
+    async def usage(self, by: list[str], since: float | None = None,
+                    until: float | None = None) -> list[dict[str, Any]] | None:
+        """Rows of the billing report, or None while there is no report to ask."""
+        if not by or any(name not in REPORT_GROUPS for name in by):
+            raise Invalid(f"by: expected some of {', '.join(REPORT_GROUPS)}, got "
+                          f"{', '.join(by) or 'nothing'}")
+        if since is not None and until is not None and until < since:
+            raise Invalid("until is before since")
+        report = usage_report_function()
+        if report is None:
+            return None
+        rows = report(self.store, by, since, until)
+        return list(await rows if inspect.isawaitable(rows) else rows)
+
+    async def spend(self, by: str) -> dict[str, dict[str, dict[str, Any]]]:
+        """What each key id or subject spent this month and today, from one report:
+        {id: {"today": totals, "month": totals}} (totals: cost_usd, total_tokens, requests)."""
+        now = self.clock()
+        today = datetime.fromtimestamp(day_start(now), UTC).strftime("%Y-%m-%d")
+        rows = await self.usage([by, "day"], month_start(now), None) or []
+        field = "key_id" if by == "key" else "subject"
+        spent: dict[str, dict[str, dict[str, Any]]] = {}
+        for row in rows:
+            windows = spent.setdefault(str(row.get(field)), {"today": {}, "month": {}})
+            targets = ("month", "today") if str(row.get("day"))[:10] == today else ("month",)
+            for window in targets:
+                totals = windows[window]
+                totals["cost_usd"] = Decimal(str(totals.get("cost_usd") or 0)) + Decimal(
+                    str(row.get("cost_usd") or 0))
+                for name in ("total_tokens", "requests"):
+                    totals[name] = int(totals.get(name, 0)) + int(row.get(name) or 0)
+        return spent
+
+    async def budgets_with_spend(self, scope: BudgetScope | None = None) -> list[dict[str, Any]]:
+        """Every budget (of ``scope``) with what its key or subject spent today and this
+        month: one report per scope that has budgets."""
+        budgets = [b for b in await self.store.budgets() if scope in (None, b.scope)]
+        spent = {scope: await self.spend(scope) for scope in ("key", "subject")
+                 if any(b.scope.value == scope for b in budgets)}
+        # Key budgets are labelled with their key's name (a list only when there are any).
+        keys = ({k.id: k for k in await self.store.list_keys()}
+                if any(b.scope is BudgetScope.KEY for b in budgets) else {})
+        return [_with_spend(budget, spent.get(budget.scope.value, {}), keys)
+                for budget in budgets]
+
+    async def subjects(self, *, with_keys: bool = True) -> list[dict[str, Any]]:
+        """Every subject (owning keys, or seen in usage: JWT callers) with its keys (or only
+        their counts), its spend today and this month, and its budget."""
+        now = self.clock()
+        keys = await self.store.list_keys()
+        spent = await self.spend("subject")
+        budgets = {b.scope_id: b for b in await self.store.budgets()
+                   if b.scope is BudgetScope.SUBJECT}
+        names = sorted({k.subject_id for k in keys} | set(spent) | set(budgets))
+        owned: dict[str, list[KeyRecord]] = {}
+        for key in keys:
+            owned.setdefault(key.subject_id, []).append(key)
+        return [{
+            "subject_id": name,
+            "keys": ([{**key_fields(k), "state": key_state(k, now)} for k in owned.get(name, [])]
+                     if with_keys else None),
+            "key_count": len(owned.get(name, [])),
+            "active_key_count": sum(key_state(k, now) == "active" for k in owned.get(name, [])),
+            "spend_today_usd": _cost(spent.get(name, {}).get("today")),
+            "spend_month_usd": _cost(spent.get(name, {}).get("month")),
+            "requests_month": int(spent.get(name, {}).get("month", {}).get("requests", 0)),
+            "budget": _with_spend(budgets[name], spent, {}) if name in budgets else None,
+        } for name in names]
+
+
+def _cost(row: Mapping[str, Any] | None) -> str:
+    return money_text(Decimal(str(row.get("cost_usd") or "0")) if row else Decimal(0))
+
+
+def _with_spend(budget: Budget, spent: Mapping[str, Mapping[str, Mapping[str, Any]]],
+                keys: Mapping[str, Any]) -> dict[str, Any]:
+    windows = spent.get(budget.scope_id) or {}
+    day, month = windows.get("today") or {}, windows.get("month") or {}
+    key = keys.get(budget.scope_id) if budget.scope is BudgetScope.KEY else None
+    return {
+        **budget_fields(budget),
+        "label": f"{key.name} ({key.prefix}…)" if key else budget.scope_id,
+        "spent_today_usd": _cost(day), "spent_month_usd": _cost(month),
+        "tokens_today": int(day.get("total_tokens", 0)),
+        "tokens_month": int(month.get("total_tokens", 0)),
+    }

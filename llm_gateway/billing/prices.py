@@ -1,0 +1,118 @@
+"""Prices: what a model's tokens cost, in force from a moment on. A record is priced with
+the price in force at its start, so a change at T prices requests before and after T
+differently, whenever they finish.
+
+The table lives in the store (``prices set``, the admin API) and is seeded from the
+settings file's ``prices:``; each process keeps a copy, refreshed every
+``REFRESH_SECONDS``, so pricing costs no query on the request path.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Iterable, Mapping
+from decimal import Decimal
+from typing import Any
+
+from llm_gateway.billing.model import MILLION, Price, money
+
+log = logging.getLogger("llm_gateway.billing")
+
+REFRESH_SECONDS = 5.0
+
+
+class PriceError(ValueError):
+    """A ``prices:`` entry that cannot be read; str() names it."""
+
+
+def cost_of(price: Price, prompt_tokens: int, completion_tokens: int,
+            cached_tokens: int = 0) -> Decimal:
+    """USD for these tokens at this price; cached input at its own price when it has one."""
+    cached = min(cached_tokens, prompt_tokens) if price.cached_input_per_mtok is not None else 0
+    total = ((prompt_tokens - cached) * price.input_per_mtok
+             + completion_tokens * price.output_per_mtok)
+    if cached:
+        assert price.cached_input_per_mtok is not None
+        total += cached * price.cached_input_per_mtok
+    return money(total / MILLION)
+
+
+class PriceBook:
+    """Every price this process knows, by (provider, model), in order of effect."""
+
+    def __init__(self, prices: Iterable[Price] = ()) -> None:
+        self._by_model: dict[tuple[str, str], list[Price]] = {}
+        self.replace(prices)
+
+    def replace(self, prices: Iterable[Price]) -> None:
+        by_model: dict[tuple[str, str], list[Price]] = {}
+        for price in prices:
+            by_model.setdefault((price.provider, price.model), []).append(price)
+        for history in by_model.values():
+            history.sort(key=lambda price: price.effective_from)
+        self._by_model = by_model
+
+    def price_at(self, provider: str, model: str, at: float) -> Price | None:
+        history = self._by_model.get((provider, model))
+        if not history:
+            return None
+        index = bisect.bisect_right([price.effective_from for price in history], at) - 1
+        return history[index] if index >= 0 else None
+
+    def highest_output_price(self, targets: Iterable[tuple[str, str]], at: float) -> Price | None:
+        """The dearest of these (provider, model) targets' prices: what a reservation must
+        assume before it knows which one will answer."""
+        known = [p for target in targets if (p := self.price_at(*target, at)) is not None]
+        return max(known, key=lambda p: (p.output_per_mtok, p.input_per_mtok), default=None)
+
+
+def prices_from_settings(raw: Any) -> list[Price]:
+    """The settings file's ``prices:`` (a seed for the table):
+
+        prices:
+          venice:
+            llama-3.3-70b: {input: 0.70, output: 2.80}     # USD per million tokens
+            qwen3-4b: {input: 0.05, output: 0.15, cached_input: 0.01, from: 2026-01-01}
+    """
+    if raw is None:
+        return []
+    if not isinstance(raw, Mapping):
+        raise PriceError("prices: expected a mapping of provider to models")
+    seeded = []
+    for provider, models in raw.items():
+        if not isinstance(models, Mapping):
+            raise PriceError(f"prices.{provider}: expected a mapping of model to prices")
+        for model, entry in models.items():
+            seeded.append(_price(f"prices.{provider}.{model}", str(provider), str(model), entry))
+    return seeded
+
+
+def _price(where: str, provider: str, model: str, entry: Any) -> Price:
+    if not isinstance(entry, Mapping) or not {"input", "output"} <= set(entry):
+        raise PriceError(f"{where}: expected {{input: USD, output: USD}} per million tokens")
+    try:
+        amounts = {name: Decimal(str(entry[name])) for name in ("input", "output", "cached_input")
+                   if entry.get(name) is not None}
+    except ArithmeticError:
+        raise PriceError(f"{where}: prices must be numbers") from None
+    if any(amount < 0 for amount in amounts.values()):
+        raise PriceError(f"{where}: prices must not be negative")
+    return Price(provider, model, amounts["input"], amounts["output"],
+                 _moment(where, entry.get("from")), amounts.get("cached_input"))
+
+
+def _moment(where: str, raw: Any) -> float:
+    import datetime as dt
+
+    if raw is None:
+        return 0.0  # in force since always
+    if isinstance(raw, dt.datetime):
+        return raw.replace(tzinfo=raw.tzinfo or dt.UTC).timestamp()
+    if isinstance(raw, dt.date):
+        return dt.datetime(raw.year, raw.month, raw.day, tzinfo=dt.UTC).timestamp()
+    try:
+        parsed = dt.datetime.fromisoformat(str(raw))
+    except ValueError:
+        raise PriceError(f"{where}.from: expected an ISO 8601 time, got {raw!r}") from None
+    return parsed.replace(tzinfo=parsed.tzinfo or dt.UTC).timestamp()

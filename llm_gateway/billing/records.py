@@ -1,0 +1,78 @@
+"""The usage record: exactly one per admitted request, whatever happened to it.
+
+It says who (key, subject), what (the model as the caller named it, the provider and the
+upstream model that answered, stream or not), how it went (status, error code and the
+start of its message, timings, attempts) and what it cost (tokens, whether they were
+estimated, USD from the gateway's price table, and the provider's own figure beside it).
+Never prompt or completion text. Money is Decimal; times are Unix seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+# The start of an error message kept on the record: enough to tell errors apart.
+ERROR_MESSAGE_CHARS = 200
+
+
+@dataclass(slots=True)
+class UsageRecord:
+    request_id: str  # the x-request-id the client got
+    key_id: str | None  # None for a caller without a gateway key (a JWT subject)
+    subject_id: str
+    adapter: str
+    endpoint: str
+    model: str | None  # as the caller named it (an alias, or a provider's model)
+    stream: bool
+    status: int
+    started_at: float
+    duration_ms: float
+    key_prefix: str = ""
+    provider: str = ""  # the provider that answered (or was tried last)
+    upstream_model: str | None = None  # the model that answered, as the provider names it
+    error_code: str | None = None
+    error_message: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    cached_tokens: int = 0
+    tokens_estimated: bool = False  # the provider reported nothing: the gateway counted
+    cost_usd: Decimal | None = None  # priced by the gateway's table; None: no price known
+    provider_cost_usd: Decimal | None = None  # what the provider says it cost (Venice)
+    provider_cost_diem: Decimal | None = None
+    response_id: str | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+    ttfb_ms: float | None = None  # upstream response headers
+    first_chunk_ms: float | None = None  # first SSE data event
+    max_gap_ms: float | None = None  # longest pause between SSE events
+    attempts: int = 1
+    trace_id: str | None = None
+
+    @property
+    def ended_at(self) -> float:
+        return self.started_at + self.duration_ms / 1000
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able form (money as strings, exactly), for the spool."""
+        data = dataclasses.asdict(self)
+        for name in ("cost_usd", "provider_cost_usd", "provider_cost_diem"):
+            if data[name] is not None:
+                data[name] = str(data[name])
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> UsageRecord:
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {name: value for name, value in data.items() if name in known}
+        for name in ("cost_usd", "provider_cost_usd", "provider_cost_diem"):
+            if values.get(name) is not None:
+                values[name] = Decimal(values[name])
+        return cls(**values)
+
+
+def decimal_or_none(value: float | None) -> Decimal | None:
+    """A provider's float cost as the Decimal its text says (0.1, not 0.1000000000000000055)."""
+    return None if value is None else Decimal(repr(value))

@@ -1,0 +1,152 @@
+"""Usage reports: requests, errors, tokens, cost and latency percentiles, grouped by key,
+subject, model, provider or day, over a time range. One query for both stores (the
+dialects differ in placeholders, day arithmetic and how money is stored), aggregated in
+the database so a report over millions of rows moves only its groups."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+GROUPS = ("key", "subject", "model", "provider", "day")
+MONEY_UNITS = Decimal(10) ** 10  # SQLite keeps money as integer counts of 1e-10 USD
+METRICS = ("requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens",
+           "cost_usd", "provider_cost_usd", "latency_p50_ms", "latency_p95_ms")
+
+
+class ReportError(ValueError):
+    """A report that cannot be asked for; str() says why."""
+
+
+def _group_columns(by: Sequence[str], dialect: str) -> list[tuple[str, str]]:
+    """(output name, SQL expression) per grouping field."""
+    day = ("date(started_at, 'unixepoch')" if dialect == "sqlite"
+           else "to_char(started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')")
+    expressions = {
+        "key": [("key_id", "key_id"), ("key_prefix", "key_prefix")],
+        "subject": [("subject", "subject_id")], "model": [("model", "model")],
+        "provider": [("provider", "provider")], "day": [("day", day)],
+    }
+    columns: list[tuple[str, str]] = []
+    for field in by:
+        if field not in expressions:
+            raise ReportError(f"cannot group by {field!r}; by one of {', '.join(GROUPS)}")
+        columns += expressions[field]
+    return columns
+
+
+def report_sql(by: Sequence[str], dialect: str, since: float | None,
+               until: float | None) -> tuple[str, list[Any]]:
+    columns = _group_columns(by, dialect) or [("everything", "'all'")]
+    mark = "?" if dialect == "sqlite" else "%s"
+    where, params = [], []
+    for bound, operator in ((since, ">="), (until, "<")):
+        if bound is not None:
+            where.append(f"started_at {operator} {mark}")
+            params.append(bound if dialect == "sqlite" else datetime.fromtimestamp(bound, UTC))
+    names = ", ".join(name for name, _ in columns)
+    selected = ", ".join(f"{expression} AS {name}" for name, expression in columns)
+    sums = """count(*),
+               sum(CASE WHEN status >= 400 OR error_code IS NOT NULL THEN 1 ELSE 0 END),
+               sum(prompt_tokens), sum(completion_tokens), sum(total_tokens),
+               sum(cost_usd), sum(provider_cost_usd)"""
+    where_sql = f"WHERE {' AND '.join(where)}" if where else ""
+    if dialect == "postgres":
+        # Nearest-rank percentiles as ordered-set aggregates: one sort per group.
+        sql = f"""
+            SELECT {selected}, {sums},
+                   percentile_disc(0.5) WITHIN GROUP (ORDER BY duration_ms),
+                   percentile_disc(0.95) WITHIN GROUP (ORDER BY duration_ms)
+            FROM usage_records {where_sql} GROUP BY {names} ORDER BY {names}
+        """
+        return sql, params
+    # SQLite has no percentile aggregate: rank within each group, take the ceil(p*n)-th.
+    sql = f"""
+        WITH base AS (
+            SELECT {selected}, duration_ms, status, error_code, prompt_tokens,
+                   completion_tokens, total_tokens, cost_usd, provider_cost_usd
+            FROM usage_records {where_sql}
+        ), ranked AS (
+            SELECT base.*,
+                   row_number() OVER (PARTITION BY {names} ORDER BY duration_ms) AS rn,
+                   count(*) OVER (PARTITION BY {names}) AS cnt
+            FROM base
+        )
+        SELECT {names}, {sums},
+               max(CASE WHEN rn = (cnt + 1) / 2 THEN duration_ms END),
+               max(CASE WHEN rn = (95 * cnt + 99) / 100 THEN duration_ms END)
+        FROM ranked GROUP BY {names} ORDER BY {names}
+    """
+    return sql, params
+
+
+async def usage_report(store: Any, by: Sequence[str], since: float | None = None,
+                       until: float | None = None) -> list[dict[str, Any]]:
+    """Rows with the grouping fields (for key: key_id, key_prefix, key_name, subject) and
+    requests, errors, tokens, cost_usd and provider_cost_usd (decimal strings), p50/p95
+    latency in ms."""
+    by = ["key", "subject", *[f for f in by if f not in ("key", "subject")]] \
+        if "key" in by else list(by)
+    dialect = getattr(store, "dialect", "sqlite")
+    columns = _group_columns(by, dialect) or [("everything", "'all'")]
+    sql, params = report_sql(by, dialect, since, until)
+    rows = await store.usage_rows(sql, params)
+    names = [name for name, _ in columns]
+    key_names = await _key_names(store) if "key" in by else {}
+    report = []
+    for row in rows:
+        group = dict(zip(names, row[: len(names)], strict=True))
+        group.pop("everything", None)
+        values = row[len(names):]
+        entry: dict[str, Any] = {**group}
+        if "key" in by:
+            entry["key_name"] = key_names.get(str(group.get("key_id")), "")
+        entry.update(zip(METRICS, (
+            int(values[0]), int(values[1] or 0), int(values[2] or 0), int(values[3] or 0),
+            int(values[4] or 0), _money(values[5], dialect), _money(values[6], dialect),
+            _ms(values[7]), _ms(values[8]),
+        ), strict=True))
+        report.append(entry)
+    return report
+
+
+async def _key_names(store: Any) -> dict[str, str]:
+    return {record.id: record.name for record in await store.list_keys()}
+
+
+def _money(value: Any, dialect: str) -> str:
+    if value is None:
+        return "0"
+    amount = Decimal(value) / MONEY_UNITS if dialect == "sqlite" else Decimal(value)
+    return format(amount.quantize(Decimal("0.0000000001")).normalize(), "f")
+
+
+def _ms(value: Any) -> float | None:
+    return None if value is None else round(float(value), 3)
+
+
+def render(report: list[dict[str, Any]], output: str) -> str:
+    """The report as json, csv or a table."""
+    if output == "json":
+        return json.dumps(report, indent=2)
+    columns = list(report[0]) if report else [*METRICS]
+    if output == "csv":
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(report)
+        return buffer.getvalue()
+    widths = {c: max(len(c), *(len(_cell(row.get(c))) for row in report)) if report else len(c)
+              for c in columns}
+    lines = ["  ".join(c.upper().ljust(widths[c]) for c in columns)]
+    lines += ["  ".join(_cell(row.get(c)).ljust(widths[c]) for c in columns) for row in report]
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    return "" if value is None else str(value)

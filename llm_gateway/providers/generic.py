@@ -1,0 +1,20 @@
+"""Any other OpenAI-compatible server (vLLM, Ollama, LM Studio, a proxy): tolerant of both
+error shapes, reads usage in either naming, asks for stream usage, and sends
+``max_tokens`` (older servers do not know ``max_completion_tokens``)."""
+
+from __future__ import annotations
+
+from llm_gateway.providers.openai import ask_for_stream_usage
+from llm_gateway.providers.venice import VeniceProfile
+
+
+class GenericProfile(VeniceProfile):
+    name = "generic"
+    sends_stream_usage = False
+
+    def prepare(self, payload: dict, *, stream: bool) -> dict:
+        prepared = payload
+        if "max_completion_tokens" in payload and "max_tokens" not in payload:
+            prepared = {k: v for k, v in payload.items() if k != "max_completion_tokens"}
+            prepared["max_tokens"] = payload["max_completion_tokens"]
+        return ask_for_stream_usage(prepared) if stream else prepared

@@ -1,0 +1,100 @@
+"""Reading a request body the one way it can be read: policy must see what the provider
+will see.
+
+- Duplicate keys are refused (400 ``invalid_request_body``), anywhere in the document:
+  ``{"model": "other", "model": "allowed"}`` would pass the allowlist on the last value
+  while a provider that keeps the first runs a model the key may not use. Refusing is
+  safer than forwarding a canonical body: the caller learns its body is ambiguous.
+- Nesting deeper than ``MAX_DEPTH`` is refused (400) instead of costing recursion.
+"""
+
+from __future__ import annotations
+
+import json
+
+from llm_gateway import errors
+from llm_gateway.errors import Rejection
+from llm_gateway.messages import Endpoint, EndpointKind
+
+# No OpenAI request nests anywhere near this deep (tool schemas reach perhaps 10).
+MAX_DEPTH = 64
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        seen: set[str] = set()
+        for name, _ in pairs:
+            if name in seen:
+                raise _DuplicateKey(name)
+            seen.add(name)
+    return document
+
+
+def _depth_exceeds(value: object, limit: int) -> bool:
+    """Iterative, so a hostile document cannot make it recurse."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(node, dict):
+            stack.extend((child, depth + 1) for child in node.values()
+                         if isinstance(child, dict | list))
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node if isinstance(child, dict | list))
+    return False
+
+
+def decode(body: bytes) -> object | Rejection:
+    """The JSON document, or the 400 that refuses it."""
+    try:
+        document = json.loads(body, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as duplicate:
+        return errors.invalid_request_body(
+            f"The key '{duplicate}' appears more than once in an object of the body.")
+    except RecursionError:
+        return errors.invalid_request_body(f"The body nests deeper than {MAX_DEPTH} levels.")
+    except (ValueError, UnicodeDecodeError):
+        return errors.invalid_json()
+    # Counting brackets is cheap; walking the document only pays for bodies that could
+    # nest that deep at all.
+    if body.count(b"{") + body.count(b"[") > MAX_DEPTH and _depth_exceeds(document, MAX_DEPTH):
+        return errors.invalid_request_body(f"The body nests deeper than {MAX_DEPTH} levels.")
+    return document
+
+
+def parse_request_body(endpoint: Endpoint, body: bytes) -> dict | Rejection | None:
+    """Check what policy needs (model, stream, messages, the token caps); None for a
+    request without a body. Nothing is rewritten here."""
+    if endpoint.method != "POST":
+        return None
+    payload = decode(body)
+    if isinstance(payload, Rejection):
+        return payload
+    if not isinstance(payload, dict):
+        return errors.invalid_request_body("The request body must be a JSON object.")
+    model = payload.get("model")
+    if not isinstance(model, str) or not model.strip():
+        return errors.invalid_request_body("'model' must be a non-empty string.")
+    if not isinstance(payload.get("stream", False), bool):
+        return errors.invalid_request_body("'stream' must be a boolean when present.")
+    for cap in ("max_tokens", "max_completion_tokens"):
+        value = payload.get(cap)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            return errors.invalid_request_body(f"'{cap}' must be a positive integer.")
+    if endpoint.kind is EndpointKind.CHAT:
+        messages = payload.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return errors.invalid_request_body("'messages' must be a non-empty list.")
+        for index, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                return errors.invalid_request_body(
+                    f"messages[{index}] must be an object with a 'role'."
+                )
+    return payload

@@ -1,0 +1,133 @@
+"""The route table: providers, model aliases and their targets, as one immutable value.
+
+A new table replaces the old one whole (a file edit, an admin change), so a request sees
+one consistent version from admission to its last attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from urllib.parse import urlsplit
+
+from llm_gateway.config import Secret
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Seconds. ``first_byte``: from sending to the response's headers; ``read``: between
+    reads of a whole (non-stream) body; ``stream_idle``: between chunks of a stream."""
+
+    connect: float = 5.0
+    first_byte: float = 30.0
+    read: float = 120.0
+    stream_idle: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderConfig:
+    name: str
+    base_url: str  # the API root, e.g. https://api.venice.ai/api/v1
+    profile: str = "openai"  # which translator speaks to it (llm_gateway.providers)
+    api_key: Secret | None = None
+    api_key_env: str | None = None
+    # Where the key goes: "authorization" (as "Bearer <key>"), another header (the bare
+    # key, e.g. "api-key"), or None (no key: a local vLLM or Ollama).
+    auth_header: str | None = "authorization"
+    headers: tuple[tuple[str, str], ...] = ()
+    max_concurrency: int = 0  # 0: no bulkhead
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    requests_per_minute: int = 0  # provider-wide, 0: none
+    tokens_per_minute: int = 0
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.base_url).hostname or ""
+
+    def url(self, path: str, query: str = "") -> str:
+        return f"{self.base_url}{path}" + (f"?{query}" if query else "")
+
+    def auth_headers(self) -> list[tuple[str, str]]:
+        if self.auth_header is None or not self.api_key:
+            return []
+        key = self.api_key.reveal()
+        if self.auth_header == "authorization":
+            return [("authorization", f"Bearer {key}")]
+        return [(self.auth_header, key)]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One place an alias can be served: a provider and that provider's model name."""
+
+    provider: str
+    model: str
+    weight: int = 1
+    priority: int = 0  # lower first; a higher priority serves only when the lower cannot
+    context_window: int | None = None
+    # A model name that is no alias, sent to the default provider as it is: its health is
+    # the provider's ("venice/*"), so names callers make up cannot grow the health book.
+    passthrough: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.provider}/*" if self.passthrough else f"{self.provider}/{self.model}"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRoute:
+    name: str
+    targets: tuple[Target, ...]
+    context_window: int | None = None
+    max_output_tokens: int | None = None  # the default output cap, for budget estimates
+    read_timeout: float | None = None  # overrides its providers' read timeout
+
+
+@dataclass(frozen=True, slots=True)
+class HealthPolicy:
+    """Passive health: thresholds of consecutive outcomes, and the cooldown of a target
+    that is DOWN (longer when the provider asks, never past the maximum)."""
+
+    failures_to_degraded: int = 3
+    failures_to_down: int = 5
+    successes_to_healthy: int = 3
+    cooldown_seconds: float = 60.0
+    max_cooldown_seconds: float = 600.0
+    degraded_weight: float = 0.1  # a DEGRADED target keeps this share of its weight
+
+
+@dataclass(frozen=True, slots=True)
+class RouteTable:
+    providers: Mapping[str, ProviderConfig]
+    models: Mapping[str, ModelRoute]
+    default_provider: str
+    unknown_models: str = "passthrough"  # or "reject": 404 model_not_found
+    max_attempts: int = 3
+    # Attempts on a 429 from the last target left wait out its Retry-After up to this.
+    max_retry_wait_seconds: float = 20.0
+    health: HealthPolicy = field(default_factory=HealthPolicy)
+    # Upstream 4xx failures a key may cause in a window before it is cut off (429
+    # too_many_failed_requests): one broken client must not get the shared key locked.
+    failed_requests_limit: int = 10
+    failed_requests_window_seconds: int = 30
+    version: int = 0
+    # Where each route was defined: "file", "db v3", "environment".
+    sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def route_for(self, model: str) -> ModelRoute | None:
+        """The alias ``model``, or for another name the default provider's model of that
+        name (passthrough); None when unknown names are refused."""
+        route = self.models.get(model)
+        if route is not None:
+            return route
+        if self.unknown_models != "passthrough":
+            return None
+        return ModelRoute(model, (Target(self.default_provider, model, passthrough=True),))
+
+    def all_targets(self) -> list[Target]:
+        seen: dict[str, Target] = {}
+        for route in self.models.values():
+            for target in route.targets:
+                seen.setdefault(target.key, target)
+        return list(seen.values())

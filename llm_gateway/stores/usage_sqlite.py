@@ -1,0 +1,95 @@
+"""Usage records in SQLite: money as INTEGER counts of 1e-10 USD (exact, and SUM() too)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Awaitable, Callable
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from typing import Any
+
+from llm_gateway.billing.records import UsageRecord
+
+USAGE_COLUMNS = (
+    "request_id", "started_at", "ended_at", "key_id", "key_prefix", "subject_id", "adapter",
+    "endpoint", "model", "provider", "upstream_model", "stream", "status", "error_code",
+    "error_message", "prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens",
+    "tokens_estimated", "cost_usd", "provider_cost_usd", "provider_cost_diem", "duration_ms",
+    "ttfb_ms", "first_chunk_ms", "max_gap_ms", "attempts", "response_id", "finish_reasons",
+    "trace_id",
+)
+_COLUMNS = ", ".join(USAGE_COLUMNS)
+MONEY_UNITS = Decimal(10) ** 10  # stored integers are this many per USD
+
+
+def to_units(amount: Decimal | None) -> int | None:
+    return None if amount is None else int((amount * MONEY_UNITS).to_integral_value())
+
+
+def from_units(units: int | None) -> Decimal | None:
+    return None if units is None else Decimal(units) / MONEY_UNITS
+
+
+def _row(r: UsageRecord) -> tuple[Any, ...]:
+    return (
+        r.request_id, r.started_at, r.ended_at, r.key_id, r.key_prefix, r.subject_id, r.adapter,
+        r.endpoint, r.model, r.provider, r.upstream_model, int(r.stream), r.status, r.error_code,
+        r.error_message, r.prompt_tokens, r.completion_tokens, r.total_tokens, r.cached_tokens,
+        int(r.tokens_estimated), to_units(r.cost_usd), to_units(r.provider_cost_usd),
+        to_units(r.provider_cost_diem), r.duration_ms, r.ttfb_ms, r.first_chunk_ms,
+        r.max_gap_ms, r.attempts, r.response_id, json.dumps(r.finish_reasons), r.trace_id,
+    )
+
+
+def _record(row: tuple[Any, ...]) -> UsageRecord:
+    values = dict(zip(USAGE_COLUMNS, row, strict=True))
+    values.pop("ended_at")
+    values["stream"] = bool(values["stream"])
+    values["tokens_estimated"] = bool(values["tokens_estimated"])
+    values["finish_reasons"] = json.loads(values["finish_reasons"])
+    for name in ("cost_usd", "provider_cost_usd", "provider_cost_diem"):
+        values[name] = from_units(values[name])
+    return UsageRecord(**values)
+
+
+class UsageSqliteMixin:
+    """For SqliteStore: ``_run`` runs a function on its one connection's thread."""
+
+    _run: Callable[..., Awaitable[Any]]
+
+    async def write_usage(self, records: list[UsageRecord]) -> None:
+        """Idempotent by request id: a record written twice (a replayed spool) is one row."""
+        rows = [_row(r) for r in records]
+
+        def write(db: sqlite3.Connection) -> None:
+            db.execute("BEGIN")
+            try:
+                db.executemany(
+                    f"INSERT OR IGNORE INTO usage_records ({_COLUMNS}) "
+                    f"VALUES ({', '.join('?' * len(USAGE_COLUMNS))})", rows,
+                )
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+        await self._run(write)
+
+    async def usage_records(self) -> list[UsageRecord]:
+        """All records, oldest first: for tests and tools (reports aggregate in SQL)."""
+        rows = await self._run(lambda db: db.execute(
+            f"SELECT {_COLUMNS} FROM usage_records ORDER BY started_at"
+        ).fetchall())
+        return [_record(row) for row in rows]
+
+    async def usage_rows(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+        """A read-only query over usage records (the reports' SQL)."""
+        return await self._run(lambda db: db.execute(sql, params).fetchall())  # type: ignore[no-any-return]
+
+    async def drop_usage_before(self, day: date) -> int:
+        """Retention: records of days before ``day`` (UTC) go."""
+        cutoff = datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp()
+        cursor = await self._run(lambda db: db.execute(
+            "DELETE FROM usage_records WHERE started_at < ?", (cutoff,)))
+        return int(cursor.rowcount)

@@ -1,0 +1,37 @@
+"""Token estimates, for when the gateway must guess before (or without) the provider's
+count: about four characters of English text per token (OpenAI's rule of thumb), plus a
+few tokens of framing per message. Rough on purpose: used for context-window checks,
+budget reservations and, flagged as estimated, for usage a provider never reported."""
+
+from __future__ import annotations
+
+CHARS_PER_TOKEN = 4
+TOKENS_PER_MESSAGE = 4
+
+
+def estimate_text(text: str) -> int:
+    return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+
+
+def estimate_prompt(payload: dict) -> int:
+    """A chat body's messages (text parts), or an embeddings body's input."""
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        total = 0
+        for message in messages:
+            total += TOKENS_PER_MESSAGE
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, str):
+                total += estimate_text(content)
+            elif isinstance(content, list):
+                for part in content:
+                    if isinstance(part, dict) and isinstance(part.get("text"), str):
+                        total += estimate_text(part["text"])
+        return total
+    given = payload.get("input")
+    if isinstance(given, str):
+        return estimate_text(given)
+    if isinstance(given, list):
+        return sum(estimate_text(item) if isinstance(item, str) else len(item)
+                   if isinstance(item, list) else 1 for item in given)
+    return 0
