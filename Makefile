@@ -26,3 +26,10 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache llm-gateway.db llm-gateway-demo.db
+
+# The gateway with Postgres, Redis, Prometheus, Grafana and demo traffic (compose.yaml).
+# Needs a container engine (Docker with Compose v2); nothing here installs one. Ctrl-C stops it.
+.PHONY: observe
+observe:
+	@echo "Grafana: http://127.0.0.1:3030 (the llm-gateway dashboard, no login)  Prometheus: http://127.0.0.1:9090  gateway: http://127.0.0.1:3000"
+	docker compose --profile observe up --build
