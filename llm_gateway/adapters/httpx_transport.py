@@ -1,0 +1,242 @@
+"""httpx adapter: an httpx client (so an openai SDK client) whose requests the engine
+answers in process, with no socket and no second hop.
+
+    OpenAI(api_key="unused", base_url="http://llm-gateway/v1",
+           http_client=httpx.Client(transport=GatewayTransport(gateway)))
+
+Every request goes through the same four steps as ``serve``'s: admit (the caller's key or
+subject, model allowlist, rate limit, budget), send with the server-held provider key,
+observe (SSE relayed chunk by chunk as the engine yields it), finish (one usage record).
+Answers are the ones ``serve`` gives, so the SDK raises its own exceptions (a 429 is
+``openai.RateLimitError``). Like every adapter, this module only translates: httpx's
+``Request`` into an ``IncomingRequest``, the engine's answer into an ``httpx.Response``.
+
+Whom a call is charged to: the identity bound to the context (``identity.py``), else the
+key the transport was built with, else ``GatewayError`` and nothing is sent. The SDK's
+``api_key`` is never read. httpx's timeouts are not applied: the engine's
+``REQUEST_TIMEOUT_SECONDS`` bounds the provider's answer, as in ``serve``.
+
+Foreign failures are mapped at one boundary (``_exchange``, httpx's own pattern): an
+engine exception reaches the application as the OpenAI-shaped 500 ``gateway_error``, or
+inside a stream already under way as an in-band error event, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from llm_gateway import errors
+from llm_gateway.adapters.identity import resolve
+from llm_gateway.adapters.inprocess import (
+    async_handover,
+    engine_loop,
+    process_gateway,
+    wait_on,
+)
+from llm_gateway.engine import Gateway
+from llm_gateway.errors import Headers, Rejection
+from llm_gateway.exchange import Exchange
+from llm_gateway.keys import subject_principal
+from llm_gateway.messages import IncomingRequest
+from llm_gateway.relay import stream_error
+
+__all__ = ["AsyncGatewayTransport", "GatewayTransport"]
+
+ADAPTER_NAME = "httpx"
+log = logging.getLogger("llm_gateway")
+_ENGINE_FAILED = "The gateway failed on this request."
+# Every stream the engine relays ends with this event (the provider's, or the engine's own
+# after an error). SSE clients stop reading there (the openai SDK does) and close: that
+# is the end of the stream, not a caller going away.
+_TERMINAL_EVENT = b"data: [DONE]"
+
+
+class _EngineStream:
+    """A streamed answer as the engine yields it. Its coroutines run on the engine's loop;
+    ``close`` finishes the exchange, as disconnected when the end was not reached."""
+
+    def __init__(self, exchange: Exchange, chunks: AsyncIterator[bytes]) -> None:
+        self._exchange = exchange
+        self._chunks = chunks
+        self._loop = asyncio.get_running_loop()
+        self._ended = False
+        self._closed = False
+
+    async def next(self) -> bytes | None:
+        if self._ended:
+            return None
+        try:
+            chunk = await self._chunks.__anext__()
+        except StopAsyncIteration:
+            self._ended = True
+            return None
+        except Exception:
+            # The status went out already: end the stream the way the relay ends a broken
+            # one, so the SDK raises instead of ending quietly.
+            log.exception("the engine failed during an in-process stream")
+            self._ended = True
+            self._exchange.fail(500, "gateway_error", _ENGINE_FAILED)
+            return stream_error("gateway_error", _ENGINE_FAILED)
+        self._ended = chunk.rstrip().endswith(_TERMINAL_EVENT)
+        return chunk
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._chunks.aclose()  # type: ignore[attr-defined]
+        finally:
+            self._exchange.finish(client_disconnected=not self._ended)
+
+    def __del__(self) -> None:
+        # A response dropped without being closed (a loop left with `break`): the caller
+        # went away, and the exchange must still finish exactly once.
+        if not self._closed and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self.close()))
+
+
+@dataclass(slots=True)
+class _Answer:
+    status: int
+    headers: Headers
+    body: bytes = b""
+    stream: _EngineStream | None = None
+
+    @classmethod
+    def of(cls, rejection: Rejection) -> _Answer:
+        return cls(rejection.status, rejection.all_headers(), rejection.body)
+
+
+async def _exchange(gateway: Gateway, request: IncomingRequest) -> _Answer:
+    """admit → respond, on the engine's loop: the one place engine failures are mapped."""
+    try:
+        admitted = await gateway.admit(request)
+    except Exception:
+        log.exception("the engine failed while admitting an in-process request")
+        return _Answer.of(errors.gateway_error())
+    if isinstance(admitted, Rejection):
+        return _Answer.of(admitted)
+    try:
+        response = await gateway.respond(admitted)
+    except Exception:
+        log.exception("the engine failed while relaying an in-process request")
+        admitted.fail(500, "gateway_error", _ENGINE_FAILED)
+        admitted.finish()
+        return _Answer.of(errors.reject("gateway_error", _ENGINE_FAILED))
+    except BaseException:  # cancelled: the caller went away before the answer
+        admitted.finish(client_disconnected=True)
+        raise
+    if response.chunks is None:
+        admitted.finish()
+        return _Answer(response.status, response.headers, response.body)
+    return _Answer(response.status, response.headers,
+                   stream=_EngineStream(admitted, response.chunks))
+
+
+def _incoming(gateway: Gateway, request: httpx.Request, body: bytes,
+              key: str | None) -> IncomingRequest | Rejection:
+    """httpx's request as the engine's; the credential is the resolved identity's, never
+    the SDK's ``api_key``. Raises GatewayError when there is nobody to charge."""
+    identity = resolve(key)
+    prefix = gateway.settings.api_prefix.rstrip("/")
+    path = request.url.path
+    relative = path[len(prefix):] if path.startswith(prefix + "/") else ""
+    if gateway.endpoint_for(request.method, relative) is None:
+        return errors.not_found(request.method, path)
+    headers = [(name.decode("latin-1").lower(), value.decode("latin-1"))
+               for name, value in request.headers.raw if name.lower() != b"authorization"]
+    principal = None
+    if identity.subject is not None:
+        principal = subject_principal(identity.subject)
+    else:
+        headers.append(("authorization", f"Bearer {identity.credential}"))
+    return IncomingRequest(request.method, relative, headers, body, ADAPTER_NAME,
+                           request.url.query.decode("latin-1"), principal=principal)
+
+
+def _response(answer: _Answer, stream: httpx.SyncByteStream | httpx.AsyncByteStream | None,
+              ) -> httpx.Response:
+    if stream is None:
+        return httpx.Response(answer.status, headers=answer.headers, content=answer.body)
+    return httpx.Response(answer.status, headers=answer.headers, stream=stream)
+
+
+async def _on[T](loop: asyncio.AbstractEventLoop | None, work: Coroutine[Any, Any, T]) -> T:
+    """``work`` on the engine's loop: here when it is this one (None), else handed over."""
+    if loop is None:
+        return await work
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, loop))
+
+
+class _AsyncChunks(httpx.AsyncByteStream):
+    def __init__(self, source: _EngineStream, loop: asyncio.AbstractEventLoop | None) -> None:
+        self._source = source
+        self._loop = loop
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while (chunk := await _on(self._loop, self._source.next())) is not None:
+            yield chunk
+
+    async def aclose(self) -> None:
+        await _on(self._loop, self._source.close())
+
+
+class _SyncChunks(httpx.SyncByteStream):
+    """Each chunk is handed from the engine's loop to this thread as it comes (one
+    thread-safe future per chunk): nothing is read ahead, nothing accumulates."""
+
+    def __init__(self, source: _EngineStream, loop: asyncio.AbstractEventLoop) -> None:
+        self._source = source
+        self._loop = loop
+
+    def __iter__(self) -> Iterator[bytes]:
+        while (chunk := wait_on(self._loop, self._source.next())) is not None:
+            yield chunk
+
+    def close(self) -> None:
+        if self._loop.is_running():  # else the engine is gone, and its exchanges with it
+            wait_on(self._loop, self._source.close())
+
+
+class GatewayTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
+    """The engine as an httpx transport, for ``httpx.Client`` and ``httpx.AsyncClient``.
+
+    ``gateway``: the engine (default: this process's, configured from the environment as
+    ``serve``'s is). ``key``: the gateway key charged when no identity is bound. Closing
+    the transport leaves the engine alone: its lifetime is whoever built it (the process's
+    engine is closed at exit). Sync calls wait in the calling thread while the engine
+    works on its own loop (``inprocess.py``).
+    """
+
+    def __init__(self, gateway: Gateway | None = None, *, key: str | None = None) -> None:
+        self.gateway = gateway if gateway is not None else process_gateway()
+        self.key = key
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        incoming = _incoming(self.gateway, request, request.read(), self.key)
+        if isinstance(incoming, Rejection):
+            return _response(_Answer.of(incoming), None)
+        loop = engine_loop(self.gateway)
+        answer = wait_on(loop, _exchange(self.gateway, incoming))
+        return _response(answer, None if answer.stream is None
+                         else _SyncChunks(answer.stream, loop))
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        incoming = _incoming(self.gateway, request, await request.aread(), self.key)
+        if isinstance(incoming, Rejection):
+            return _response(_Answer.of(incoming), None)
+        loop = async_handover(self.gateway)
+        answer = await _on(loop, _exchange(self.gateway, incoming))
+        return _response(answer, None if answer.stream is None
+                         else _AsyncChunks(answer.stream, loop))
+
+
+# One class serves both kinds of client; the name says which one a reader expects.
+AsyncGatewayTransport = GatewayTransport
