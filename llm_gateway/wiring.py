@@ -47,6 +47,7 @@ def build_gateway(
     backoff_base: float = 0.5,
     rng: random.Random | None = None,
     health_clock: Callable[[], float] = time.time,
+    access_log_fd: int = 2,
 ) -> Gateway:
     """The engine the settings describe; tests pass their own parts."""
     store = store or open_store(settings.database_url)
@@ -58,7 +59,8 @@ def build_gateway(
     )
     table = routes or parse_routes(settings.routes, os.environ, settings)
     router = Router(table, HealthBook(table.health, health_clock), rng)
-    telemetry = Telemetry(settings, tracer_provider, known_models=router.known_models)
+    telemetry = Telemetry(settings, tracer_provider, known_models=router.known_models,
+                          access_log_fd=access_log_fd)
     outages = [auth.outage] + ([limiter.outage] if limiter.outage is not None else [])
     telemetry.watch(OutageCollector(outages))
     router.on_outcome(lambda target, outcome, _, __: _count_failure(telemetry, target, outcome))

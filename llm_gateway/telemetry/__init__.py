@@ -17,7 +17,7 @@ from llm_gateway.billing.records import UsageRecord
 from llm_gateway.config import Settings
 from llm_gateway.errors import Rejection
 from llm_gateway.keys import KeyRecord
-from llm_gateway.telemetry.access_log import AccessLog
+from llm_gateway.telemetry.access_log import STDERR, AccessLog
 from llm_gateway.telemetry.metrics import GatewayMetrics, Labels, StateCollector
 from llm_gateway.telemetry.otel_metrics import GenAIMetrics
 from llm_gateway.telemetry.tracing import Trace, Tracing, tracer_provider_from_settings
@@ -27,7 +27,8 @@ __all__ = ["StateCollector", "Telemetry", "Trace", "tracer_provider_from_setting
 
 class Telemetry:
     def __init__(self, settings: Settings, tracer_provider: trace.TracerProvider | None = None,
-                 *, known_models: Callable[[], frozenset[str]] = frozenset) -> None:
+                 *, known_models: Callable[[], frozenset[str]] = frozenset,
+                 access_log_fd: int = STDERR) -> None:
         self._owned_provider = tracer_provider is None
         provider = tracer_provider or tracer_provider_from_settings(settings)
         self._provider = provider
@@ -37,7 +38,8 @@ class Telemetry:
                                          Labels(settings.metrics_key_label, known_models))
         self.access_log = AccessLog(
             enabled=settings.access_log == "json", sample_rate=settings.audit_sample_rate,
-            audit_errors=settings.audit_errors, capture_content=settings.capture_genai_content)
+            audit_errors=settings.audit_errors, capture_content=settings.capture_genai_content,
+            fd=access_log_fd)
         self.genai = GenAIMetrics.from_settings(settings)
 
     def watch(self, collector: object) -> None:
