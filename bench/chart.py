@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,8 @@ from bench.pngcanvas import Canvas, Color
 PALETTE: dict[str, Color] = {
     "direct": (110, 110, 110),
     "serve": (31, 119, 180),
+    "serve-legacy": (120, 170, 220),
+    "serve-budget": (23, 190, 207),
     "sidecar-reverse": (44, 160, 44),
     "sidecar-regular": (148, 103, 189),
     "litellm": (214, 39, 40),
@@ -259,4 +261,142 @@ def _draw_with_canvas(data: ChartData, path: Path) -> None:
                ("ttfb", "ttlb"))
     _bar_panel(canvas, boxes[3], "rss mib idle/warm/peak/end", data.rss,
                ("idle", "warm", "peak", "end"))
+    canvas.save_png(path)
+
+
+# ---- the streams chart: added delay and memory against concurrent streams -------------------
+
+
+@dataclass
+class StreamsChartData:
+    title: str
+    added_p50: dict[str, list[tuple[int, float]]]  # target -> (open streams, added gap p50 ms)
+    added_p99: dict[str, list[tuple[int, float]]]
+    rss: dict[str, list[tuple[int, float]]]  # target -> (open streams, RSS MiB); 0 = before
+    note: str | None = None
+    # target -> the steps at which not every stream opened was being served (hollow markers)
+    partial: dict[str, set[int]] = field(default_factory=dict)
+    # target -> its RSS before the streams plus the goal's KiB per stream, as a line
+    goal_lines: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+
+
+# Issue 15's memory per open stream, KiB, drawn as a line from each gateway's starting RSS.
+STREAM_RSS_GOALS_KIB = {"serve": 40, "sidecar-reverse": 100}
+
+
+def streams_chart_data(document: Mapping[str, Any]) -> StreamsChartData:
+    meta = document["run"]
+    phase = (document.get("phases") or {}).get("streams") or {}
+    title = f"llm-gateway long-lived streams {meta['date']} ({meta['plan']})"
+    data = StreamsChartData(title, {}, {}, {})
+    if phase.get("status", "missing") != "ok":
+        data.note = f"streams phase: {phase.get('status', 'not run')} {phase.get('reason', '')}"
+        return data
+    data.title += (f": one chunk every {phase['delay_ms']} ms for {phase['seconds']:g} s, "
+                   f"up to {phase['streams']} streams")
+    for name, figures in (phase.get("targets") or {}).items():
+        if figures.get("status") != "ok":
+            continue
+        steps = figures.get("steps") or []
+        if name == "direct":
+            # The floor's own lateness: the p99 gap over the nominal interval.
+            data.added_p99["direct (p99 gap - interval)"] = [
+                (s["streams"], s["gaps"]["p99_ms"] - phase["delay_ms"]) for s in steps
+                if s["gaps"].get("p99_ms") is not None]
+            continue
+        for series, key in ((data.added_p50, "p50"), (data.added_p99, "p99")):
+            series[name] = [(s["streams"], s["added_gap_ms"][key]) for s in steps
+                            if (s.get("added_gap_ms") or {}).get(key) is not None]
+        points = [(s["streams"], s["rss_mib"]) for s in steps if s.get("rss_mib") is not None]
+        before = figures.get("rss_before_mib")
+        if before is not None:
+            points.insert(0, (0, before))
+            if name in STREAM_RSS_GOALS_KIB and steps:
+                most = steps[-1]["streams"]
+                data.goal_lines[name] = [
+                    (0, before), (most, before + most * STREAM_RSS_GOALS_KIB[name] / 1024)]
+        data.rss[name] = points
+        data.partial[name] = {s["streams"] for s in steps
+                              if s.get("streaming_in_window", s["streams"]) < s["streams"]}
+    return data
+
+
+def write_streams_chart(document: Mapping[str, Any], path: Path) -> str:
+    """The PNG of the streams phase (a placeholder saying why when it did not run)."""
+    data = streams_chart_data(document)
+    try:
+        import matplotlib
+    except ImportError:
+        _draw_streams_with_canvas(data, path)
+        return "builtin"
+    matplotlib.use("Agg")
+    _draw_streams_with_matplotlib(data, path)
+    return "matplotlib"
+
+
+def _color(name: str) -> Color:
+    return PALETTE.get(name.split(" ")[0], (0, 0, 0))
+
+
+def _draw_streams_with_matplotlib(data: StreamsChartData, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(14, 5.5))
+    figure.suptitle(data.title, fontsize=11)
+    delay, memory = axes
+
+    def hollow(axis: Any, name: str, points: list[tuple[int, float]], style: str,
+               label: str | None) -> None:
+        xs, ys = zip(*points, strict=True)
+        color = _hex(_color(name))
+        axis.plot(xs, ys, style, marker="o", color=color, label=label)
+        partial = [(x, y) for x, y in points if x in data.partial.get(name, ())]
+        if partial:  # not every stream was being served there
+            px, py = zip(*partial, strict=True)
+            axis.plot(px, py, "o", markersize=9, markerfacecolor="white", color=color)
+
+    for name, points in data.added_p99.items():
+        if points:
+            direct = name.startswith("direct")
+            hollow(delay, name, points, ":" if direct else "-",
+                   name if direct else f"{name} p99")
+    for name, points in data.added_p50.items():
+        if points:
+            hollow(delay, name, points, "--", f"{name} p50")
+    delay.set_xlabel("concurrent streams (hollow: not every stream was being served)")
+    delay.set_ylabel("added inter-chunk delay over direct, ms (symlog)")
+    delay.set_yscale("symlog", linthresh=1.0)
+    delay.set_title("Added inter-chunk delay")
+    delay.axhline(0, color="black", linewidth=0.5)
+    for name, points in data.rss.items():
+        if points:
+            hollow(memory, name, points, "-", name)
+    for name, points in data.goal_lines.items():
+        xs, ys = zip(*points, strict=True)
+        memory.plot(xs, ys, ":", color=_hex(_color(name)),
+                    label=f"{name} goal ({STREAM_RSS_GOALS_KIB[name]} KiB/stream)")
+    memory.set_xlabel("concurrent streams (hollow: not every stream was being served)")
+    memory.set_ylabel("RSS of the gateway's process tree, MiB")
+    memory.set_title("Memory")
+    for axis in axes:
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize=8)
+        axis.grid(alpha=0.3)
+    if data.note:
+        figure.text(0.5, 0.5, data.note, ha="center", va="center")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def _draw_streams_with_canvas(data: StreamsChartData, path: Path) -> None:
+    canvas = Canvas(1400, 520)
+    canvas.text(20, 12, data.title[:150], _INK, 2)
+    if data.note:
+        canvas.text(70, 60, data.note[:120], _INK, 2)
+    width = (1400 - 70 * 2 - 60) // 2
+    _line_panel(canvas, (70, 80, 70 + width, 470), "added inter-chunk p99 ms",
+                {name: [(x, max(0.0, y)) for x, y in points]
+                 for name, points in data.added_p99.items()})
+    _line_panel(canvas, (70 * 2 + width + 60 - 70, 80, 1400 - 70, 470), "rss mib", data.rss)
     canvas.save_png(path)

@@ -70,6 +70,16 @@ class Reply:
     sent_at: float  # perf_counter() seconds, just before the request was written
     first_body_byte_at: float | None
     finished_at: float
+    head: bytes = b""  # the status line and headers, as received
+
+    def header(self, name: str) -> str | None:
+        """The first header called ``name`` (case-insensitive), or None."""
+        wanted = name.lower().encode("latin-1")
+        for line in self.head.split(b"\r\n")[1:]:
+            key, _, value = line.partition(b":")
+            if key.strip().lower() == wanted:
+                return value.strip().decode("latin-1")
+        return None
 
     @property
     def latency_s(self) -> float:
@@ -174,7 +184,7 @@ class HttpConnection:
         finished_at = time.perf_counter()
         if not keep_alive:
             self.close()
-        return Reply(status, b"".join(parts), sent_at, first_body_byte_at, finished_at)
+        return Reply(status, b"".join(parts), sent_at, first_body_byte_at, finished_at, head)
 
     def close(self) -> None:
         if self._writer is not None:

@@ -41,9 +41,10 @@ from bench.stats import (
     rounded,
     summarize_latencies,
 )
-from bench.targets import Target
+from bench.targets import ROUTED_MODEL, ROUTED_TARGETS, Target
 
 MIB = 2**20
+ROUTED_WEIGHTS = {f"{provider}/{model}": weight for provider, model, weight in ROUTED_TARGETS}
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,19 @@ class Plan:
     streams_per_round: int
     held_shape: tuple[int, int]
     held_levels: tuple[int, ...]
+    # Access log json vs off (bench.phases.observability): rounds of a CPU measurement each.
+    observability_rounds: int
+    observability_budget: Budget
+    # The in-process transport (bench.phases.inprocess): requests per leg, per round.
+    inprocess_requests: int
+    inprocess_round: int
+    # serve --workers 2 against one worker (bench.phases.workers): ladder steps.
+    workers_ladder: tuple[int, ...]
+    workers_step: Budget
+    # Long-lived streams (bench.phases.streams): how many at once, how long, chunk interval.
+    streams: int
+    stream_seconds: float
+    stream_delay_ms: int = 100
     warmup_concurrency: int = 8
     cpu_concurrency: int = 8
     soak_seconds: float = 0.0
@@ -86,6 +100,14 @@ FULL_PLAN = Plan(
     streams_per_round=10,
     held_shape=(64, 20),
     held_levels=(32, 64, 128, 256),
+    observability_rounds=5,
+    observability_budget=Budget(seconds=3),
+    inprocess_requests=300,
+    inprocess_round=20,
+    workers_ladder=(8, 16, 32, 64, 128),
+    workers_step=Budget(seconds=3),
+    streams=5000,
+    stream_seconds=30.0,
 )
 
 QUICK_PLAN = Plan(
@@ -101,6 +123,14 @@ QUICK_PLAN = Plan(
     streams_per_round=5,
     held_shape=(8, 20),
     held_levels=(8,),
+    observability_rounds=2,
+    observability_budget=Budget(requests=300),
+    inprocess_requests=60,
+    inprocess_round=20,
+    workers_ladder=(16,),
+    workers_step=Budget(seconds=1),
+    streams=200,
+    stream_seconds=3.0,
 )
 
 
@@ -200,6 +230,37 @@ def warm_up(target: Target, plan: Plan, tools: Tools) -> dict[str, object]:
     if result.requests and result.errors == result.requests:
         raise RuntimeError(f"every warm-up request failed: {result.error_samples[:2]}")
     return _load_figures(result)
+
+
+def routing_split(target: Target, requests: int = 200) -> dict[str, object] | None:
+    """Where the alias's requests went, from each answer's ``x-llm-gateway-upstream``: proof
+    that routing is on the measured path (None for a target not called with the alias)."""
+    if target.fast_model != ROUTED_MODEL:
+        return None
+    spec = target.chat_request()
+
+    async def tally() -> dict[str, int]:
+        counts: dict[str, int] = {}
+        connection = HttpConnection(target.endpoint)
+        try:
+            for _ in range(requests):
+                reply = await connection.request(spec)
+                where = (reply.header("x-llm-gateway-upstream") or "(no header)"
+                         if reply.status == 200 else f"HTTP {reply.status}")
+                counts[where] = counts.get(where, 0) + 1
+        finally:
+            connection.close()
+        return counts
+
+    counts = asyncio.run(tally())
+    total = sum(ROUTED_WEIGHTS.values())
+    return {
+        "model": ROUTED_MODEL, "requests": requests,
+        "configured_percent": {name: round(100 * weight / total, 1)
+                               for name, weight in ROUTED_WEIGHTS.items()},
+        "observed_percent": {name: round(100 * count / requests, 1)
+                             for name, count in sorted(counts.items())},
+    }
 
 
 def latency_at_concurrency_1(
@@ -443,6 +504,8 @@ def measure_target(
 
     figures["warmup"] = phase("warm-up", lambda: warm_up(target, plan, tools))
     rss["after_warmup"] = _mib(rss_bytes(pid))
+    if target.fast_model == ROUTED_MODEL:
+        figures["routing"] = phase("routing check", lambda: routing_split(target))
     figures["latency_c1"] = phase(
         "latency at concurrency 1", lambda: latency_at_concurrency_1(target, direct, plan, tools)
     )

@@ -7,6 +7,7 @@ manager), so every figure covers the process and all its descendants.
 from __future__ import annotations
 
 import os
+import resource
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,3 +88,25 @@ class CpuSample:
 
     def elapsed(self) -> float:
         return cpu_seconds(self.pid) - self.seconds
+
+
+# Thousands of streams need thousands of sockets in the client, the upstream and each gateway
+# (two per stream): every process of a run gets this many file descriptors, or its hard limit.
+FD_LIMIT = 65536
+
+
+def raise_fd_limit(wanted: int = FD_LIMIT) -> int:
+    """Raise this process's open-file limit: the soft limit to ``wanted`` when the hard limit
+    allows, and the hard limit too when privileged. Returns the soft limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= wanted:
+        return soft
+    if hard == resource.RLIM_INFINITY or hard >= wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        return wanted
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, wanted))
+        return wanted
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        return hard

@@ -1,9 +1,11 @@
 """``python -m bench.profile``: where a gateway spends its CPU under load, per function.
 
-    python -m bench.profile [--target serve|sidecar-reverse|sidecar-regular] [--seconds 15]
+    python -m bench.profile [--target serve|serve-budget|serve-legacy|sidecar-reverse|
+                                      sidecar-regular] [--seconds 15]
                             [--concurrency 8] [--stream] [--out bench/results]
 
-Starts the fake upstream and the target exactly as the benchmark does, drives it at a fixed
+Starts the fake upstream and the target exactly as the benchmark does (serve, serve-budget and
+the sidecars called with the routed alias; serve-budget needs Redis), drives it at a fixed
 concurrency, and samples it with py-spy (``pip install py-spy``). Writes the collapsed stacks
 (``profile-<target>.txt``, for flamegraph tools or speedscope) and prints the functions with
 the most samples: by self time, and inclusive (the function and everything it called).
@@ -24,7 +26,10 @@ from pathlib import Path
 from bench.loadgen import Budget
 from bench.measure import FULL_PLAN, Tools
 from bench.run import DEFAULT_OUT, assign_cpus
-from bench.targets import start_environment, start_target
+from bench.targets import GATEWAY_TARGETS, TargetUnavailable, start_environment, start_target
+
+# Every gateway target of the run but LiteLLM (not ours to profile).
+PROFILED_TARGETS = [name for name in GATEWAY_TARGETS if name != "litellm"]
 
 
 def summarize(collapsed: Path, top: int = 30) -> str:
@@ -54,8 +59,7 @@ def summarize(collapsed: Path, top: int = 30) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default="serve",
-                        choices=["serve", "sidecar-reverse", "sidecar-regular"])
+    parser.add_argument("--target", default="serve", choices=PROFILED_TARGETS)
     parser.add_argument("--seconds", type=int, default=15)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--stream", action="store_true", help="drive streams, not JSON calls")
@@ -76,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     collapsed = args.out / f"profile-{args.target}{'-stream' if args.stream else ''}.txt"
     try:
-        target = start_target(args.target, environment, Path("unused"))
+        try:
+            target = start_target(args.target, environment, Path("unused"))
+        except TargetUnavailable as exc:
+            print(f"{args.target} unavailable: {exc}", file=sys.stderr)
+            return 2
         assert target.process is not None
         try:
             tools = Tools(allow_external=True, wrk_threads=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -161,18 +162,219 @@ def markdown_table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def _verdict(goal: Mapping[str, Any]) -> str:
+    if goal["met"] is None:
+        return f"not judged: {goal['note']}" if goal.get("note") else "not measured"
+    if goal["met"]:
+        return "met"
+    return f"MISSED by {_num(goal['missed_by'])} {goal['unit']}"
+
+
 def format_goals(goals: Sequence[Mapping[str, Any]]) -> str:
     lines = []
     for goal in goals:
         measured = goal["measured"]
         limit = f"{goal['comparison']} {_num(goal['limit'])} {goal['unit']}"
-        if goal["met"] is None:
-            verdict = "not measured"
-        elif goal["met"]:
-            verdict = "met"
-        else:
-            verdict = f"MISSED by {_num(goal['missed_by'])} {goal['unit']}"
-        lines.append(f"  {goal['goal']:<58} {_num(measured):>10}  (goal {limit}): {verdict}")
+        lines.append(f"  {goal['goal']:<58} {_num(measured):>10}  (goal {limit}): "
+                     f"{_verdict(goal)}")
+    return "\n".join(lines)
+
+
+def markdown_goals(goals: Sequence[Mapping[str, Any]]) -> str:
+    lines = ["| goal | measured | target | verdict | from |", "|---|---|---|---|---|"]
+    for goal in goals:
+        limit = f"{goal['comparison']} {_num(goal['limit'])} {goal['unit']}"
+        lines.append(f"| {goal['goal']} | {_num(goal['measured'])} | {limit} | "
+                     f"{_verdict(goal)} | {goal.get('source', '')} |")
+    return "\n".join(lines)
+
+
+# ---- the phases and the routed targets, as sections of their own -------------------------------
+
+
+@dataclass
+class Section:
+    title: str
+    headers: Sequence[str] = ()
+    rows: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _status_note(figures: Mapping[str, Any]) -> str | None:
+    if figures.get("status", "ok") == "ok":
+        return None
+    return f"{figures.get('status')}: {str(figures.get('reason', ''))[:300]}"
+
+
+def _routing_section(targets: Mapping[str, Figures]) -> Section | None:
+    rows = []
+    for name, figures in targets.items():
+        routing = figures.get("routing")
+        if not routing:
+            continue
+        observed = ", ".join(f"{where} {share:.1f}%"
+                             for where, share in routing["observed_percent"].items())
+        configured = "/".join(f"{share:g}" for share in routing["configured_percent"].values())
+        rows.append([name, routing["model"], configured, str(routing["requests"]), observed])
+    if not rows:
+        return None
+    return Section("Routing on the measured path (x-llm-gateway-upstream of each answer)",
+                   ("target", "alias", "configured %", "requests", "observed"), rows)
+
+
+def _budget_section(targets: Mapping[str, Figures]) -> Section | None:
+    budget = targets.get("serve-budget")
+    if not budget:
+        return None
+    if (note := _status_note(budget)) is not None:
+        return Section("serve-budget (Redis limits and budget ledger, prices, a key budget)",
+                       notes=[note])
+    plain = (targets.get("serve") or {}).get("latency_c1", {}).get("added_ms", {})
+    ours = budget.get("latency_c1", {}).get("added_ms", {})
+    rows = []
+    for p in ("p50", "p90", "p99"):
+        a, b = ours.get(p), plain.get(p)
+        rows.append([p, _num(b, 3), _num(a, 3),
+                     _num(a - b, 3) if a is not None and b is not None else "-"])
+    return Section("serve-budget against serve, added latency at c=1 (same run)",
+                   ("percentile", "serve +ms", "serve-budget +ms", "difference ms"), rows,
+                   [f"serve-budget: {'; '.join(budget.get('notes') or [])}"])
+
+
+def _observability_section(phase: Mapping[str, Any]) -> Section:
+    title = "Observability: CPU per request it adds (ACCESS_LOG json vs off, c=8)"
+    if (note := _status_note(phase)) is not None:
+        return Section(title, notes=[note])
+    rows = [[str(i + 1), _num(r["json"], 0), _num(r["off"], 0),
+             _num(r["json"] - r["off"], 0) if r["json"] and r["off"] else "-"]
+            for i, r in enumerate(phase.get("rounds") or [])]
+    rows.append(["median", _num(phase.get("json_us"), 0), _num(phase.get("off_us"), 0),
+                 _num(phase.get("access_log_added_us"), 0)])
+    notes = [f"Metrics are {phase.get('metrics')}."]
+    if phase.get("metrics_us_per_request") is not None:
+        notes.append(
+            f"Micro-benchmark (this process): metrics {phase['metrics_us_per_request']} us and "
+            f"the access-log line {phase['access_log_us_per_request_microbenchmark']} us per "
+            f"request. Access log (measured) + metrics (micro-benchmark): "
+            f"{_num(phase.get('observability_added_us'), 0)} us per request.")
+    elif phase.get("microbenchmark_error"):
+        notes.append(f"Metrics micro-benchmark unavailable: {phase['microbenchmark_error']}")
+    return Section(title, ("round", "json us/req", "off us/req", "difference us"), rows, notes)
+
+
+def _inprocess_section(phase: Mapping[str, Any]) -> Section:
+    title = "In-process transport: the openai SDK at c=1 (access log off in both gateways)"
+    if (note := _status_note(phase)) is not None:
+        return Section(title, notes=[note])
+    rows = []
+    for name, leg in (phase.get("legs") or {}).items():
+        rows.append([name, _triple(leg.get("ms"), 3),
+                     _triple(leg.get("added_ms"), 3) if leg.get("added_ms") else "(floor)",
+                     _num(leg.get("cpu_here_us"), 0), _num(leg.get("cpu_serve_us"), 0),
+                     _num(leg.get("added_cpu_us"), 0)])
+    notes = [f"{phase.get('requests_per_leg')} requests per leg in interleaved rounds, alias "
+             f"{phase.get('model')}; CPU here = the SDK (and the engine, in process) in the "
+             "harness's child; added CPU = here minus the direct leg, plus serve's own."]
+    return Section(title, ("leg", "p50/p90/p99 ms", "added p50/p90/p99 ms", "CPU us here",
+                           "CPU us serve", "added CPU us"), rows, notes)
+
+
+def _workers_section(phase: Mapping[str, Any]) -> Section:
+    title = "serve --workers 2 against one worker (every process on every CPU)"
+    if (note := _status_note(phase)) is not None:
+        return Section(title, notes=[note])
+    one = (phase.get("one_worker") or {}).get("ladder") or []
+    two = (phase.get("two_workers") or {}).get("ladder") or []
+    rows = [[str(a["concurrency"]), _num(a["throughput_rps"], 0), str(a["errors"]),
+             _num(b["throughput_rps"], 0), str(b["errors"])] for a, b in zip(one, two,
+                                                                             strict=False)]
+    rows.append(["best 0-err", _num(phase["one_worker"].get("max_throughput_rps"), 0), "",
+                 _num(phase["two_workers"].get("max_throughput_rps"), 0),
+                 f"ratio {_num(phase.get('ratio'))}"])
+    return Section(title, ("c", "1 worker req/s", "errors", "2 workers req/s", "errors"), rows,
+                   [f"{phase.get('cpus')} CPUs; processes: {phase.get('processes')}"])
+
+
+def _streams_section(phase: Mapping[str, Any]) -> Section:
+    title = "Long-lived streams"
+    if (note := _status_note(phase)) is not None:
+        return Section(title, notes=[note])
+    title = (f"Long-lived streams: up to {phase['streams']} at once, one chunk every "
+             f"{phase['delay_ms']} ms for {phase['seconds']:g} s")
+    rows = []
+    notes = []
+    for name, figures in (phase.get("targets") or {}).items():
+        if (note := _status_note(figures)) is not None:
+            rows.append([name, note[:60]])
+            notes.append(f"{name}: {note}")
+            continue
+        for step in figures.get("steps") or ():
+            gaps = step.get("gaps") or {}
+            added = step.get("added_gap_ms") or {}
+            shares = "/".join(_num(step.get(f"{who}_cpu_share"))
+                              for who in ("target", "client", "upstream"))
+            rows.append([
+                name, str(step["streams"]), str(step.get("streaming_in_window", "-")),
+                _num(step.get("rss_mib"), 1), _num(step.get("rss_kib_per_stream"), 1),
+                f"{_num(gaps.get('p50_ms'))}/{_num(gaps.get('p99_ms'))}",
+                "(floor)" if name == "direct"
+                else f"{_num(added.get('p50'))}/{_num(added.get('p99'))}",
+                shares,
+            ])
+        errors = f"{figures['errors']} of {figures['streams']} streams failed"
+        if figures["errors"]:
+            errors += f": {figures.get('problems')}"
+        notes.append(f"{name}: {errors}")
+    notes.append("Streaming: streams that had received content and not ended, in the "
+                 "window. RSS KiB/stream = (RSS of the target's process tree, median over the "
+                 "window, minus its RSS before the first stream) / streaming. Gaps: between "
+                 "consecutive content chunks as the client receives them. CPU shares: cores "
+                 "used by the target / the harness's client / the paced upstream over the window.")
+    return Section(title, ("target", "opened", "streaming", "RSS MiB", "KiB/stream",
+                           "gap p50/p99 ms", "added p50/p99 ms", "CPU target/client/upstream"),
+                   rows, notes)
+
+
+def sections(document: Mapping[str, Any]) -> list[Section]:
+    targets = document["targets"]
+    phases = document.get("phases") or {}
+    found = [_routing_section(targets), _budget_section(targets)]
+    builders = {"observability": _observability_section, "inprocess": _inprocess_section,
+                "workers": _workers_section, "streams": _streams_section}
+    for name, build in builders.items():
+        if name in phases:
+            found.append(build(phases[name]))
+    return [section for section in found if section is not None]
+
+
+def _text_section(section: Section) -> str:
+    lines = [section.title + ":"]
+    if section.headers:
+        full = [row for row in section.rows if len(row) == len(section.headers)]
+        widths = [max([len(section.headers[i]), *(len(row[i]) for row in full)])
+                  for i in range(len(section.headers))]
+        lines.append("  " + "  ".join(h.ljust(w) for h, w in zip(section.headers, widths,
+                                                                 strict=True)))
+        for row in section.rows:
+            if len(row) != len(widths):
+                lines.append("  " + "  ".join(row))
+            else:
+                lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths,
+                                                                          strict=True)))
+    lines += [f"  {note}" for note in section.notes]
+    return "\n".join(lines)
+
+
+def _markdown_section(section: Section) -> str:
+    lines = [f"**{section.title}**", ""]
+    if section.headers:
+        lines.append("| " + " | ".join(section.headers) + " |")
+        lines.append("|" + "---|" * len(section.headers))
+        for row in section.rows:
+            cells = list(row) + [""] * (len(section.headers) - len(row))
+            lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+        lines.append("")
+    lines += [f"{note}" + "  " for note in section.notes]
     return "\n".join(lines)
 
 
@@ -188,8 +390,12 @@ def render_text(document: Mapping[str, Any]) -> str:
         f"{meta['target_cpus']}, load generator and fake upstream to {meta['load_cpus']}.",
         "",
         format_table(rows),
+    ]
+    for section in sections(document):
+        parts += ["", _text_section(section)]
+    parts += [
         "",
-        "Goals (from the issue):",
+        "Goals (from the issues):",
         format_goals(document["goals"]),
     ]
     return "\n".join(parts)
@@ -197,12 +403,16 @@ def render_text(document: Mapping[str, Any]) -> str:
 
 def render_markdown(document: Mapping[str, Any]) -> str:
     meta = document["run"]
-    return "\n".join([
+    parts = [
         f"Measured {meta['date']} ({meta['plan']} run) on {machine_summary(document['machine'])}.",
         "",
         markdown_table(table_rows(document["targets"])),
         "",
-    ])
+    ]
+    for section in sections(document):
+        parts += [_markdown_section(section), ""]
+    parts += [markdown_goals(document.get("goals") or []), ""]
+    return "\n".join(parts)
 
 
 def write_json(path: Path, document: Mapping[str, Any]) -> None:

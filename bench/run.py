@@ -1,11 +1,14 @@
 """``python -m bench.run``: the whole comparison in one command.
 
-    python -m bench.run [--quick] [--targets direct,serve,sidecar-reverse,sidecar-regular,litellm]
+    python -m bench.run [--quick] [--targets direct,serve,serve-budget,sidecar-reverse,...]
+                        [--phases observability,inprocess,workers,streams]
+                        [--streams N] [--stream-seconds S]
                         [--out bench/results] [--soak SECONDS] [--no-pin] [--python-client]
 
 Starts the fake upstream, creates a gateway key, then starts, measures and stops each target
-in turn. Prints the table and writes ``bench-<timestamp>.json``, ``.png`` and ``.md`` (the
-table in Markdown, for the README) plus ``latest.*`` copies into the output directory.
+in turn (the table), then runs each phase (bench/phases.py). Prints the table, the phases and
+every goal, and writes ``bench-<timestamp>.json``, ``.png``, ``-streams.png`` and ``.md`` (the
+tables in Markdown, for the README) plus ``latest.*`` copies into the output directory.
 """
 
 from __future__ import annotations
@@ -23,14 +26,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.chart import write_chart
+from bench.chart import write_chart, write_streams_chart
 from bench.goals import check_goals
 from bench.litellm_env import DEFAULT_VENV, LITELLM_VERSION, LiteLLMUnavailable, ensure_litellm
 from bench.loadgen import HeyGenerator, WrkGenerator
 from bench.machine import describe_machine
 from bench.measure import FULL_PLAN, QUICK_PLAN, Plan, Tools, measure_direct, measure_target, say
+from bench.phases import PHASE_NAMES, PHASES, run_phase
+from bench.phases import Context as PhaseContext
+from bench.procstat import raise_fd_limit
 from bench.report import direct_figures, render_markdown, render_text, write_json
 from bench.targets import (
+    DEFAULT_TARGETS,
     TARGET_NAMES,
     Target,
     TargetUnavailable,
@@ -54,8 +61,18 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="a few hundred requests per target (what the test suite runs)")
-    parser.add_argument("--targets", default=",".join(TARGET_NAMES),
-                        help=f"comma-separated, from {','.join(TARGET_NAMES)} (default: all)")
+    parser.add_argument("--targets", default=",".join(DEFAULT_TARGETS),
+                        help=f"comma-separated, from {','.join(TARGET_NAMES)} (default: all "
+                             "but serve-legacy)")
+    parser.add_argument("--phases", default=",".join(PHASE_NAMES),
+                        help=f"comma-separated, from {','.join(PHASE_NAMES)}, or none "
+                             "(default: all)")
+    parser.add_argument("--streams", type=int, default=None, metavar="N",
+                        help="streams held at once in the streams phase (default 5000; "
+                             "--quick 200)")
+    parser.add_argument("--stream-seconds", type=float, default=None, metavar="S",
+                        help="how long each of those streams lasts, one chunk every 100 ms "
+                             "(default 30; --quick 3)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help="where the JSON, PNG and Markdown go (default bench/results)")
     parser.add_argument("--soak", type=float, default=0.0, metavar="SECONDS",
@@ -74,6 +91,17 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"unknown targets {unknown}; choose from {', '.join(TARGET_NAMES)}")
     # direct is the floor every figure is added over: always measured, always first.
     args.target_names = ["direct", *[n for n in TARGET_NAMES if n in names and n != "direct"]]
+    phases = [name.strip() for name in args.phases.split(",") if name.strip()]
+    if phases == ["none"]:
+        phases = []
+    unknown = [name for name in phases if name not in PHASE_NAMES]
+    if unknown:
+        parser.error(f"unknown phases {unknown}; choose from {', '.join(PHASE_NAMES)} or none")
+    args.phase_names = [name for name in PHASE_NAMES if name in phases]
+    if args.streams is not None and args.streams < 1:
+        parser.error("--streams must be at least 1")
+    if args.stream_seconds is not None and args.stream_seconds < 0.5:
+        parser.error("--stream-seconds must be at least 0.5")
     return args
 
 
@@ -119,6 +147,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     plan = QUICK_PLAN if args.quick else FULL_PLAN
     if args.soak:
         plan = dataclasses.replace(plan, soak_seconds=args.soak)
+    if args.streams is not None:
+        plan = dataclasses.replace(plan, streams=args.streams)
+    if args.stream_seconds is not None:
+        plan = dataclasses.replace(plan, stream_seconds=args.stream_seconds)
+    fd_limit = raise_fd_limit()  # thousands of streams: the children inherit it too
+    usable_cpus = sorted(os.sched_getaffinity(0))
     target_cpus, load_cpus = assign_cpus(not args.no_pin)
     if load_cpus:
         # wrk, hey and the Python client inherit this: they stay off the target's CPU.
@@ -130,6 +164,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     workdir = Path(tempfile.mkdtemp(prefix="llm-gateway-bench-"))
     results: dict[str, dict[str, Any]] = {}
+    phases: dict[str, dict[str, Any]] = {}
     environment = start_environment(workdir, target_cpus=target_cpus, load_cpus=load_cpus,
                                     stream_shapes=plan.stream_shapes)
     try:
@@ -138,6 +173,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for name in args.target_names[1:]:
             results[name] = run_target(name, environment, direct, plan, tools,
                                        results["direct"]["ladder"], args.litellm_venv)
+        context = PhaseContext(environment, plan, tools, args.target_names, args.litellm_venv,
+                               usable_cpus)
+        for name in args.phase_names:
+            phases[name] = run_phase(name, lambda name=name: PHASES[name](context))
     finally:
         environment.fake_process.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -151,6 +190,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "command": " ".join(["python -m bench.run", *sys.argv[1:]]),
             "duration_s": round(time.monotonic() - started, 1),
             "targets_requested": args.target_names,
+            "phases_requested": args.phase_names,
+            "fd_limit": fd_limit,
             "target_cpus": target_cpus,
             "load_cpus": load_cpus,
             "stream_shape": list(plan.stream_shape),
@@ -166,7 +207,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "machine": describe_machine(),
         "targets": results,
-        "goals": check_goals(results),
+        "phases": phases,
+        "goals": check_goals(results, phases),
     }
 
 
@@ -182,11 +224,14 @@ def write_outputs(document: dict[str, Any], out: Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     paths = {kind: out / f"bench-{stamp}.{kind}" for kind in ("json", "png", "md")}
+    paths["streams.png"] = out / f"bench-{stamp}-streams.png"
     document["run"]["chart_renderer"] = write_chart(document, paths["png"])
+    write_streams_chart(document, paths["streams.png"])
     write_json(paths["json"], document)
     paths["md"].write_text(render_markdown(document))
     for kind, path in paths.items():
-        shutil.copyfile(path, out / f"latest.{kind}")
+        shutil.copyfile(path, out / ("latest-streams.png" if kind == "streams.png"
+                                     else f"latest.{kind}"))
     return paths
 
 

@@ -14,12 +14,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.client import Endpoint, RequestSpec, wait_for_http
 from bench.litellm_env import LITELLM_VERSION, LiteLLMUnavailable, litellm_command, write_config
+from bench.procstat import raise_fd_limit
 
 BIN = Path(sys.executable).parent
 LLM_GATEWAY = str(BIN / "llm-gateway")
@@ -32,10 +33,22 @@ LITELLM_MASTER_KEY = "sk-bench-litellm-master-key"
 REGULAR_MODE_HOST = "api.venice.ai"
 START_TIMEOUT_SECONDS = 60.0
 
-TARGET_NAMES = ("direct", "serve", "sidecar-reverse", "sidecar-regular", "litellm")
+# Rows of the table, in the order they are measured. serve, serve-budget and the sidecars name
+# the alias ROUTED_MODEL (two providers, 70/30, both the fake upstream): routing is on the
+# measured path. serve-legacy is the single-provider set-up of VENICE_* alone (not run unless
+# named: --targets).
+TARGET_NAMES = ("direct", "serve", "serve-legacy", "serve-budget", "sidecar-reverse",
+                "sidecar-regular", "litellm")
+DEFAULT_TARGETS = tuple(name for name in TARGET_NAMES if name != "serve-legacy")
 GATEWAY_TARGETS = TARGET_NAMES[1:]
-# The model name sent in requests; LiteLLM maps its own aliases (see litellm_env).
+# The model name sent to the upstream and to the legacy gateway; LiteLLM maps its own aliases
+# (see litellm_env).
 FAST_MODEL = "llama-3.3-70b"
+# The alias routed gateways are called with, and its two targets: (provider, model, weight).
+ROUTED_MODEL = "chat-fast"
+ROUTED_TARGETS = (("fake-a", "llama-3.3-70b", 70), ("fake-b", "qwen3-4b", 30))
+# Tokens per content chunk of the fake upstream: a stream's max_tokens must cover its chunks.
+TOKENS_PER_CHUNK = 8
 
 
 class TargetUnavailable(Exception):
@@ -48,15 +61,16 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _pin_to(cpus: Sequence[int] | None):  # type: ignore[no-untyped-def]
-    if not cpus:
-        return None
-    chosen = set(cpus)
+def _prepare_child(cpus: Sequence[int] | None):  # type: ignore[no-untyped-def]
+    """The child's preexec: the file-descriptor limit, and its CPUs."""
+    chosen = set(cpus) if cpus else None
 
-    def pin() -> None:
-        os.sched_setaffinity(0, chosen)
+    def prepare() -> None:
+        raise_fd_limit()
+        if chosen:
+            os.sched_setaffinity(0, chosen)
 
-    return pin
+    return prepare
 
 
 @dataclass
@@ -104,7 +118,7 @@ def start_process(
     with log_path.open("wb") as log_file:
         popen = subprocess.Popen(
             command, env=env, stdout=log_file, stderr=subprocess.STDOUT, cwd=workdir,
-            preexec_fn=_pin_to(cpus), start_new_session=True,
+            preexec_fn=_prepare_child(cpus), start_new_session=True,
         )
     return ManagedProcess(name, popen, log_path)
 
@@ -151,6 +165,7 @@ class Target:
     stream_models: dict[tuple[int, int], str] = field(default_factory=dict)
     version: str | None = None
     notes: list[str] = field(default_factory=list)
+    cleanup: list[Callable[[], None]] = field(default_factory=list)
 
     def chat_request(
         self, *, stream_shape: tuple[int, int] | None = None, content: str = "Say hello."
@@ -166,6 +181,8 @@ class Target:
             payload["stream"] = True
             payload["model"] = self.stream_models.get(stream_shape, self.fast_model)
             chunks, delay_ms = stream_shape
+            # The fake answers no more chunks than max_tokens pays for (as a real model).
+            payload["max_tokens"] = max(64, chunks * TOKENS_PER_CHUNK)
             # The fake upstream reads these; the gateways forward unknown headers untouched.
             headers += [("x-fake-chunks", str(chunks)), ("x-fake-chunk-delay-ms", str(delay_ms))]
         body = json.dumps(payload, separators=(",", ":")).encode()
@@ -174,6 +191,37 @@ class Target:
     def stop(self) -> None:
         if self.process is not None:
             self.process.stop()
+        for step in self.cleanup:
+            step()
+        self.cleanup.clear()
+
+
+# Settings from the harness's environment that would change what a target is: every target
+# gets the embedded defaults for these unless the harness sets one on purpose. (Others, such
+# as ACCESS_LOG, pass through: a caller of the harness may choose them.)
+_INHERITED_SETTINGS = ("REDIS_URL", "REDIS_NAMESPACE", "OTEL_EXPORTER_OTLP_ENDPOINT",
+                       "LLM_GATEWAY_CONFIG", "WORKERS", "ADMIN_BIND_ADDR")
+
+
+def _access_log_note(env: dict[str, str]) -> str:
+    value = env.get("ACCESS_LOG")
+    return (f"access log {value}" if value else "access log json (the default)") + \
+        ", to its log file"
+
+
+def write_routes(path: Path, base_url: str) -> Path:
+    """The settings file of routed targets: two providers with different names, both the
+    upstream at ``base_url``, and the alias ROUTED_MODEL split 70/30 between them (JSON is
+    YAML)."""
+    document = {
+        "providers": {name: {"base_url": base_url, "api_key_env": "VENICE_API_KEY",
+                             "profile": "venice"} for name, _, _ in ROUTED_TARGETS},
+        "models": {ROUTED_MODEL: {"targets": [
+            {"provider": name, "model": model, "weight": weight}
+            for name, model, weight in ROUTED_TARGETS]}},
+    }
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    return path
 
 
 @dataclass
@@ -188,23 +236,47 @@ class Environment:
     target_cpus: list[int] | None
     load_cpus: list[int] | None
     stream_shapes: list[tuple[int, int]]
+    routes_path: Path | None = None
 
     @property
     def fake_base_url(self) -> str:
         return f"http://127.0.0.1:{self.fake_port}{FAKE_API_ROOT}"
 
-    def gateway_env(self) -> dict[str, str]:
+    def gateway_env(self, *, routed: bool = False) -> dict[str, str]:
+        """A gateway's environment: the embedded defaults (in-process limits, SQLite, access
+        log as configured by default), the fake upstream as provider, the admin listener off
+        (several gateways may run at once), and with ``routed`` the two-provider alias (the
+        run's targets; the default stays the single provider, for bench.inprocess)."""
         env = {k: v for k, v in os.environ.items() if not k.endswith("_PROXY")
-               and not k.endswith("_proxy")}
+               and not k.endswith("_proxy") and k not in _INHERITED_SETTINGS}
         env.update({
             "DATABASE_URL": self.database_url,
             "VENICE_API_KEY": FAKE_API_KEY,
             "VENICE_BASE_URL": self.fake_base_url,
+            "ADMIN_BIND_ADDR": "off",
             "PYTHONUNBUFFERED": "1",
         })
-        env.pop("REDIS_URL", None)  # the embedded default: in-process limits
-        env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+        if routed:
+            if self.routes_path is None:
+                self.routes_path = write_routes(
+                    self.workdir / f"routes-{self.fake_port}.yaml", self.fake_base_url)
+            env["LLM_GATEWAY_CONFIG"] = str(self.routes_path)
         return env
+
+
+def create_key(database_url: str, name: str = "bench", routes: Path | None = None) -> dict:
+    """A gateway key with a rate limit it cannot reach; the CLI's JSON (``key``, ``prefix``)."""
+    env = {**os.environ, "DATABASE_URL": database_url}
+    if routes is not None:
+        env["LLM_GATEWAY_CONFIG"] = str(routes)
+    created = subprocess.run(
+        [LLM_GATEWAY, "keys", "create", "--name", name, "--rate-limit", "100000000/60",
+         "--json"],
+        env=env, capture_output=True, text=True, check=False, timeout=60,
+    )
+    if created.returncode != 0:
+        raise RuntimeError(f"`llm-gateway keys create` failed: {created.stderr[-400:]}")
+    return json.loads(created.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def start_environment(
@@ -212,6 +284,7 @@ def start_environment(
     stream_shapes: list[tuple[int, int]],
 ) -> Environment:
     """Start the fake upstream (on the load CPUs) and create a gateway key."""
+    raise_fd_limit()
     fake_port = free_port()
     fake = start_process(
         "fake-upstream",
@@ -224,18 +297,15 @@ def start_environment(
     _wait_until_answering(fake, Endpoint("127.0.0.1", fake_port), probe)
 
     database_url = f"sqlite:///{workdir / 'gateway.db'}"
-    created = subprocess.run(
-        [LLM_GATEWAY, "keys", "create", "--name", "bench", "--rate-limit", "100000000/60",
-         "--json"],
-        env={**os.environ, "DATABASE_URL": database_url}, capture_output=True, text=True,
-        check=False, timeout=60,
-    )
-    if created.returncode != 0:
+    try:
+        key = create_key(database_url)["key"]
+    except RuntimeError:
         fake.stop()
-        raise RuntimeError(f"`llm-gateway keys create` failed: {created.stderr[-400:]}")
-    key = json.loads(created.stdout.strip().splitlines()[-1])["key"]
-    return Environment(workdir, fake_port, fake, key, database_url, target_cpus, load_cpus,
-                       stream_shapes)
+        raise
+    environment = Environment(workdir, fake_port, fake, key, database_url, target_cpus,
+                              load_cpus, stream_shapes)
+    environment.routes_path = write_routes(workdir / "routes.yaml", environment.fake_base_url)
+    return environment
 
 
 def direct_target(environment: Environment) -> Target:
@@ -257,16 +327,137 @@ def _gateway_version() -> str:
         return "llm-gateway (not installed)"
 
 
-def start_serve(environment: Environment) -> Target:
+def _routing_note(routed: bool) -> str:
+    if not routed:
+        return "single provider (VENICE_* only, no alias), model llama-3.3-70b"
+    split = "/".join(str(weight) for _, _, weight in ROUTED_TARGETS)
+    return (f"alias {ROUTED_MODEL}: {len(ROUTED_TARGETS)} providers, {split}, both the fake "
+            "upstream")
+
+
+def _serve_flags_supported(flags: Sequence[str]) -> str | None:
+    """None when `llm-gateway serve` takes every flag of ``flags``, else why not."""
+    if not flags:
+        return None
+    try:
+        completed = subprocess.run([LLM_GATEWAY, "serve", "--help"], capture_output=True,
+                                   text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"`llm-gateway serve --help` failed: {exc}"
+    missing = [flag for flag in flags if flag.startswith("--") and flag not in completed.stdout]
+    if completed.returncode != 0 or missing:
+        return (f"`llm-gateway serve` has no {', '.join(missing) or 'help'} in this checkout "
+                f"(exit {completed.returncode})")
+    return None
+
+
+def start_serve(
+    environment: Environment, *, name: str = "serve", routed: bool = False,
+    extra_env: dict[str, str] | None = None, flags: Sequence[str] = (),
+    database_url: str | None = None, key: str | None = None, cpus: Sequence[int] | None = None,
+    use_target_cpus: bool = True, notes: Sequence[str] = (),
+) -> Target:
+    """``llm-gateway serve [flags]`` on a free port; the alias with ``routed`` (every target
+    and phase of the run), else the single provider (bench.inprocess's default)."""
+    if (reason := _serve_flags_supported(flags)) is not None:
+        raise TargetUnavailable(reason)
     port = free_port()
-    env = {**environment.gateway_env(), "BIND_ADDR": f"127.0.0.1:{port}"}
-    process = start_process("serve", [LLM_GATEWAY, "serve"], env, environment.workdir,
-                            environment.target_cpus)
+    env = {**environment.gateway_env(routed=routed), "BIND_ADDR": f"127.0.0.1:{port}",
+           **(extra_env or {})}
+    if database_url is not None:
+        env["DATABASE_URL"] = database_url
+    chosen_cpus = cpus if cpus is not None else (
+        environment.target_cpus if use_target_cpus else None)
+    process = start_process(name, [LLM_GATEWAY, "serve", *flags], env, environment.workdir,
+                            chosen_cpus)
     endpoint = Endpoint("127.0.0.1", port)
     _wait_until_answering(process, endpoint, RequestSpec("GET", "/healthz", (), b""))
-    return Target("serve", endpoint, "/v1/chat/completions",
-                  f"Bearer {environment.gateway_key}", process, version=_gateway_version(),
-                  notes=["1 process (uvicorn, no access log)"])
+    return Target(name, endpoint, "/v1/chat/completions",
+                  f"Bearer {key or environment.gateway_key}", process,
+                  fast_model=ROUTED_MODEL if routed else FAST_MODEL,
+                  version=_gateway_version(),
+                  notes=[f"{' '.join(['llm-gateway serve', *flags])}: uvicorn, "
+                         f"{_access_log_note(env)}", _routing_note(routed), *notes])
+
+
+# ---- serve with Redis, prices and a budget --------------------------------------------------
+
+DEFAULT_BENCH_REDIS_URL = "redis://127.0.0.1:6379/0"
+# USD per million tokens set for both targets of the alias (the fake's own Venice prices).
+BENCH_PRICES = ("0.70", "2.80")
+
+
+def _redis_url() -> str:
+    return os.environ.get("BENCH_REDIS_URL") or DEFAULT_BENCH_REDIS_URL
+
+
+def _redis_reachable(url: str) -> str | None:
+    """None when Redis answers PING at ``url``, else why not."""
+    try:
+        import redis
+    except ImportError:
+        return "the redis package is not installed"
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as exc:  # any failure means: no Redis for this run
+        return f"Redis at {url} does not answer: {type(exc).__name__}: {exc}"
+    return None
+
+
+def _forget_namespace(url: str, namespace: str) -> None:
+    """Delete what the run left in Redis under its namespace (best effort)."""
+    try:
+        import redis
+
+        client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
+        try:
+            keys = list(client.scan_iter(match=f"{namespace}:*", count=1000))
+            if keys:
+                client.delete(*keys)
+        finally:
+            client.close()
+    except Exception:  # a leftover namespace expires or stays harmlessly
+        pass
+
+
+def _cli(args: Sequence[str], env: dict[str, str]) -> str:
+    completed = subprocess.run([LLM_GATEWAY, *args], env=env, capture_output=True, text=True,
+                               check=False, timeout=60)
+    if completed.returncode != 0:
+        raise TargetUnavailable(f"`llm-gateway {' '.join(args[:2])}` failed: "
+                                f"{(completed.stderr or completed.stdout)[-300:]}")
+    return completed.stdout
+
+
+def start_serve_budget(environment: Environment) -> Target:
+    """serve with Redis (limits and budgets shared there), prices for both targets of the
+    alias, and a key with a daily USD budget and a tokens-per-minute limit it cannot reach;
+    its own database, so that the plain serve has neither prices nor budgets."""
+    url = _redis_url()
+    if (reason := _redis_reachable(url)) is not None:
+        raise TargetUnavailable(reason)
+    database_url = f"sqlite:///{environment.workdir / 'budget.db'}"
+    env = {**environment.gateway_env(routed=True), "DATABASE_URL": database_url}
+    created = create_key(database_url, "bench-budget", environment.routes_path)
+    for provider, model, _ in ROUTED_TARGETS:
+        _cli(["prices", "set", "--provider", provider, "--model", model,
+              "--input", BENCH_PRICES[0], "--output", BENCH_PRICES[1]], env)
+    _cli(["budgets", "set", "--key", created["prefix"], "--daily-usd", "1000000",
+          "--tokens-per-minute", "1000000000"], env)
+    namespace = f"llmg-bench-{os.getpid()}-{int(time.time())}"
+    target = start_serve(
+        environment, name="serve-budget", routed=True, database_url=database_url,
+        key=created["key"],
+        extra_env={"REDIS_URL": url, "REDIS_NAMESPACE": namespace},
+        notes=[f"Redis {url} (namespace {namespace}): rate limit and budget ledger",
+               f"prices {BENCH_PRICES[0]}/{BENCH_PRICES[1]} USD per million tokens; key budget "
+               "daily 1 000 000 USD, 1e9 tokens per minute"])
+    target.cleanup.append(lambda: _forget_namespace(url, namespace))
+    return target
 
 
 def _sidecar_help_works() -> bool:
@@ -290,8 +481,8 @@ def start_sidecar(environment: Environment, mode: str) -> Target:
         command += ["--ca-dir", str(environment.workdir / "sidecar-ca"),
                     "--ca-bundle-out", str(ca_bundle)]
     name = f"sidecar-{mode}"
-    process = start_process(name, command, environment.gateway_env(), environment.workdir,
-                            environment.target_cpus)
+    env = environment.gateway_env(routed=True)
+    process = start_process(name, command, env, environment.workdir, environment.target_cpus)
     _wait_until_answering(process, Endpoint("127.0.0.1", admin_port),
                           RequestSpec("GET", "/readyz", (), b""))
     if mode == "reverse":
@@ -303,8 +494,9 @@ def start_sidecar(environment: Environment, mode: str) -> Target:
                             ca_file=str(ca_bundle))
         api_path = "/api/v1/chat/completions"
         notes = ["HTTPS_PROXY: CONNECT + TLS interception with the sidecar's CA, HTTP/1.1"]
+    notes += [_access_log_note(env), _routing_note(True)]
     return Target(name, endpoint, api_path, f"Bearer {environment.gateway_key}", process,
-                  version=_gateway_version(), notes=notes)
+                  fast_model=ROUTED_MODEL, version=_gateway_version(), notes=notes)
 
 
 def start_litellm(environment: Environment, venv: Path) -> Target:
@@ -347,7 +539,11 @@ def start_target(name: str, environment: Environment, litellm_venv: Path) -> Tar
     if name == "direct":
         return direct_target(environment)
     if name == "serve":
-        return start_serve(environment)
+        return start_serve(environment, routed=True)
+    if name == "serve-legacy":
+        return start_serve(environment, name="serve-legacy", routed=False)
+    if name == "serve-budget":
+        return start_serve_budget(environment)
     if name == "sidecar-reverse":
         return start_sidecar(environment, "reverse")
     if name == "sidecar-regular":

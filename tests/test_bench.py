@@ -12,17 +12,27 @@ import sys
 
 import pytest
 
-from bench.chart import chart_data, write_chart
+from bench.chart import chart_data, streams_chart_data, write_chart, write_streams_chart
 from bench.client import Endpoint, HttpConnection, check_stream
 from bench.goals import check_goals
 from bench.loadgen import Budget, PythonGenerator, parse_hey_output
 from bench.pngcanvas import Canvas
-from bench.report import markdown_table, table_rows
-from bench.targets import Target
+from bench.report import markdown_table, render_markdown, render_text, table_rows
+from bench.run import parse_arguments
+from bench.streams import StreamShape, hold_streams, stream_payload
+from bench.targets import (
+    ROUTED_MODEL,
+    Target,
+    _redis_reachable,
+    _redis_url,
+    free_port,
+    start_process,
+)
 from llm_gateway.testing.fake_upstream import FakeUpstream, running_fake_upstream
 from tests.support import BIN, REPO
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MACHINE = {"cpu_model": "a CPU", "cpus": 2, "memory_gib": 4, "kernel": "6", "python": "3.12"}
 
 
 def _sidecar_works() -> bool:
@@ -32,11 +42,13 @@ def _sidecar_works() -> bool:
 
 
 def test_quick_run_prints_the_table_and_writes_json_png_and_markdown(tmp_path):
-    targets = ["direct", "serve"] + (["sidecar-reverse"] if _sidecar_works() else [])
+    sidecar = ["sidecar-reverse"] if _sidecar_works() else []
+    targets = ["direct", "serve", "serve-budget", *sidecar]
+    redis_problem = _redis_reachable(_redis_url())
     completed = subprocess.run(
         [sys.executable, "-m", "bench.run", "--quick", "--targets", ",".join(targets),
          "--out", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=180, check=False,
+        cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
 
@@ -44,42 +56,116 @@ def test_quick_run_prints_the_table_and_writes_json_png_and_markdown(tmp_path):
     assert "c=1 p50/p90/p99 ms" in table and "max req/s 0-err" in table
     for name in targets:
         assert any(line.startswith(name) for line in table.splitlines()), table
-    assert "Goals (from the issue):" in table
+    assert "Goals (from the issues):" in table
+    for section in ("Routing on the measured path", "Observability:", "In-process transport:",
+                    "serve --workers 2 against one worker", "Long-lived streams:"):
+        assert section in table, table
 
     document = json.loads((tmp_path / "latest.json").read_text())
-    assert set(document) == {"run", "machine", "targets", "goals"}
+    assert set(document) == {"run", "machine", "targets", "phases", "goals"}
     assert document["run"]["plan"] == "quick"
+    assert document["run"]["fd_limit"] >= 1024
     assert document["machine"]["cpus"] >= 1 and document["machine"]["python"]
     assert list(document["targets"]) == targets
+    assert list(document["phases"]) == ["observability", "inprocess", "workers", "streams"]
+    budget = document["targets"].pop("serve-budget")
+    if redis_problem is None:
+        assert budget["status"] == "ok", budget
+        assert any("Redis" in note for note in budget["notes"])
+        targets.remove("serve-budget")
+        _check_gateway_figures(budget)
+    else:  # no Redis here: said so, and the others are measured regardless
+        assert budget["status"] == "unavailable" and "Redis" in budget["reason"]
+        targets.remove("serve-budget")
 
     direct = document["targets"]["direct"]
     assert direct["max_throughput_rps"] > 0
     assert direct["latency_c1"]["target_ms"]["p50"] > 0
     for name in targets[1:]:
-        figures = document["targets"][name]
-        assert figures["status"] == "ok", figures
-        latency = figures["latency_c1"]
-        assert set(latency["added_ms"]) == {"p50", "p90", "p99"}
-        assert latency["target_ms"]["count"] > 0 and latency["errors"] == 0
-        assert [step["concurrency"] for step in figures["ladder"]] == [1, 16]
-        assert all(step["errors"] == 0 and step["throughput_rps"] > 0
-                   for step in figures["ladder"])
-        assert figures["cpu"]["cpu_per_request_us"] > 0
-        streaming = figures["streaming"]
-        assert streaming["failed"] == 0 and streaming["ttfb_ms"]["p50"] > 0
-        assert {"p50", "p90", "p99"} <= set(streaming["added_ttlb_ms"])
-        assert figures["held_streams"]["max_held"] == 8
-        assert all(figures["rss_mib"][key] > 0
-                   for key in ("idle", "after_warmup", "peak_under_load", "after_run"))
+        _check_gateway_figures(document["targets"][name])
     goals = {goal["goal"]: goal for goal in document["goals"]}
     assert goals["serve: added latency c=1 p50"]["measured"] is not None
     # Too few streams in a quick run to say anything about the 128-stream goal.
     assert goals["serve: paced streams held at once"]["met"] is None
+    if redis_problem is None:
+        assert goals["serve-budget: added c=1 p50 over serve's"]["measured"] is not None
+
+    _check_phases(document["phases"], sidecar)
+    observability = goals["observability: CPU per request it adds"]
+    assert observability["measured"] is not None and observability["met"] is not None
+    for name in ("streams via serve: errors", "streams via serve: RSS per open stream",
+                 "streams via serve: added inter-chunk delay p99"):
+        # Measured, but 200 streams of 3 s say nothing about the 5 000-stream goal.
+        assert goals[name]["measured"] is not None and goals[name]["met"] is None
+        assert "5000" in goals[name]["note"]
 
     assert (tmp_path / "latest.png").read_bytes().startswith(PNG_SIGNATURE)
+    assert (tmp_path / "latest-streams.png").read_bytes().startswith(PNG_SIGNATURE)
     markdown = (tmp_path / "latest.md").read_text()
-    assert "| serve |" in markdown
+    assert "| serve |" in markdown and "Long-lived streams" in markdown
+    assert "| goal | measured | target | verdict | from |" in markdown
     assert len(list(tmp_path.glob("bench-*.json"))) == 1
+    assert len(list(tmp_path.glob("bench-*-streams.png"))) == 1
+
+
+def _check_gateway_figures(figures: dict) -> None:
+    assert figures["status"] == "ok", figures
+    latency = figures["latency_c1"]
+    assert set(latency["added_ms"]) == {"p50", "p90", "p99"}
+    assert latency["target_ms"]["count"] > 0 and latency["errors"] == 0
+    assert [step["concurrency"] for step in figures["ladder"]] == [1, 16]
+    assert all(step["errors"] == 0 and step["throughput_rps"] > 0
+               for step in figures["ladder"])
+    assert figures["cpu"]["cpu_per_request_us"] > 0
+    streaming = figures["streaming"]
+    assert streaming["failed"] == 0 and streaming["ttfb_ms"]["p50"] > 0
+    assert {"p50", "p90", "p99"} <= set(streaming["added_ttlb_ms"])
+    assert figures["held_streams"]["max_held"] == 8
+    assert all(figures["rss_mib"][key] > 0
+               for key in ("idle", "after_warmup", "peak_under_load", "after_run"))
+    # The alias is on the measured path: both providers answered it.
+    routing = figures["routing"]
+    assert routing["model"] == ROUTED_MODEL
+    assert set(routing["observed_percent"]) == {"fake-a/llama-3.3-70b", "fake-b/qwen3-4b"}
+
+
+def _check_phases(phases: dict, sidecar: list[str]) -> None:
+    observability = phases["observability"]
+    assert observability["status"] == "ok", observability
+    assert observability["json_us"] > 0 and observability["off_us"] > 0
+    assert observability["access_log_added_us"] is not None
+    assert observability["metrics_us_per_request"] > 0
+
+    inprocess = phases["inprocess"]
+    assert inprocess["status"] == "ok", inprocess
+    legs = inprocess["legs"]
+    assert set(legs) == {"direct, sync SDK", "transport, sync SDK", "serve, sync SDK",
+                         "direct, async SDK", "transport, async SDK"}
+    assert legs["transport, sync SDK"]["baseline"] == "direct, sync SDK"
+    assert legs["serve, sync SDK"]["cpu_serve_us"] > 0
+    assert all(leg["ms"]["p50"] > 0 for leg in legs.values())
+
+    workers = phases["workers"]
+    if workers["status"] == "unavailable":  # until `serve --workers` exists
+        assert "--workers" in workers["reason"]
+    else:
+        assert workers["status"] == "ok", workers
+        assert workers["two_workers"]["max_throughput_rps"] > 0 and workers["ratio"] > 0
+
+    streams = phases["streams"]
+    assert streams["status"] == "ok", streams
+    assert (streams["streams"], streams["seconds"], streams["chunks"]) == (200, 3.0, 30)
+    assert list(streams["targets"]) == ["direct", "serve", *sidecar]
+    for name, figures in streams["targets"].items():
+        assert figures["status"] == "ok" and figures["errors"] == 0, (name, figures)
+        step = figures["steps"][-1]
+        assert step["streams"] == 200 and step["gaps"]["p50_ms"] > 50
+        assert 0 < step["client_cpu_share"] < 1
+        assert step["open_in_window"] == 200 and 0 < step["streaming_in_window"] <= 200
+        if name != "direct":
+            assert step["rss_kib_per_stream"] is not None
+            assert set(step["added_gap_ms"]) == {"p50", "p99"}
+            assert figures["at_most_streams"]["streams"] == 200
 
 
 @pytest.fixture
@@ -158,7 +244,7 @@ def _synthetic_document() -> dict:
             "ladder": [{"concurrency": c, "throughput_rps": rps * c ** 0.5, "errors": 0,
                         "requests": 100, "error_rate": 0.0} for c in (1, 4, 16)],
             "max_throughput_rps": rps * 4, "max_throughput_concurrency": 16,
-            "cpu": {"cpu_per_request_us": 400.0},
+            "cpu": {"cpu_per_request_us": 150.0},
             "streaming": {"added_ttfb_ms": {"p50": 0.5}, "added_ttlb_ms": {"p50": -0.1}},
             "held_streams": {"max_held": 128, "levels": [{"streams": 128, "failed": 0},
                                                          {"streams": 256, "failed": 3}]},
@@ -172,6 +258,50 @@ def _synthetic_document() -> dict:
         "run": {"date": "2026-01-01 00:00 UTC", "plan": "quick"},
         "targets": {"direct": direct, "serve": target(0.9, 900.0),
                     "litellm": {"status": "unavailable", "reason": "pip install failed"}},
+        "phases": _synthetic_phases(),
+    }
+
+
+def _synthetic_phases(streams: int = 5000, seconds: float = 30.0) -> dict:
+    def stream_step(count: int, rss: float, added_p99: float | None) -> dict:
+        step = {"streams": count, "open_in_window": count, "streaming_in_window": count,
+                "rss_mib": rss,
+                "rss_kib_per_stream": round((rss - 50) * 1024 / count, 1),
+                "gaps": {"p50_ms": 100.1, "p99_ms": 101.0 + (added_p99 or 0)},
+                "client_cpu_share": 0.3, "upstream_cpu_share": 0.4, "target_cpu_share": 0.8}
+        if added_p99 is not None:
+            step["added_gap_ms"] = {"p50": 0.1, "p99": added_p99}
+        return step
+
+    levels = [streams // 2, streams]
+    serve_steps = [stream_step(n, 50 + n * 30 / 1024, 2.0) for n in levels]
+    return {
+        "observability": {"status": "ok", "rounds": [{"json": 300.0, "off": 270.0}],
+                          "json_us": 300.0, "off_us": 270.0, "access_log_added_us": 30.0,
+                          "metrics": "always on", "metrics_us_per_request": 12.0,
+                          "access_log_us_per_request_microbenchmark": 20.0,
+                          "observability_added_us": 42.0},
+        "workers": {"status": "ok", "cpus": 2, "processes": {"one": 1, "two": 3},
+                    "one_worker": {"ladder": [{"concurrency": c, "throughput_rps": 1000.0,
+                                               "errors": 0} for c in (8, 16)],
+                                   "max_throughput_rps": 1000.0},
+                    "two_workers": {"ladder": [{"concurrency": c, "throughput_rps": 1700.0,
+                                                "errors": 0} for c in (8, 16)],
+                                    "max_throughput_rps": 1700.0, "errors": 0},
+                    "ratio": 1.7},
+        "inprocess": {"status": "unavailable", "reason": "no engine"},
+        "streams": {
+            "status": "ok", "streams": streams, "seconds": seconds, "delay_ms": 100,
+            "chunks": int(seconds * 10), "steps": levels,
+            "targets": {
+                "direct": {"status": "ok", "streams": streams, "errors": 0, "ok": streams,
+                           "steps": [stream_step(n, 0, None) for n in levels]},
+                "serve": {"status": "ok", "streams": streams, "errors": 0, "ok": streams,
+                          "rss_before_mib": 50.0, "steps": serve_steps,
+                          "at_most_streams": {**serve_steps[-1], "streams": streams}},
+                "sidecar-reverse": {"status": "failed", "reason": "it crashed"},
+            },
+        },
     }
 
 
@@ -197,8 +327,8 @@ def test_canvas_writes_a_png_of_the_right_size(tmp_path):
 def test_goals_report_met_missed_and_unmeasured():
     document = _synthetic_document()
     goals = {goal["goal"]: goal for goal in check_goals(document["targets"])}
-    assert goals["serve: added latency c=1 p50"]["met"] is True
-    assert goals["serve: CPU per request at c=8"]["met"] is True
+    assert goals["serve: added latency c=1 p50"]["met"] is False  # 0.7 ms, issue 15 says 0.4
+    assert goals["serve: CPU per request at c=8 (JSON)"]["met"] is True
     assert goals["serve: paced streams held at once"]["measured"] == 128
     assert goals["serve: max zero-error throughput / LiteLLM's"]["met"] is None  # no LiteLLM
     assert goals["serve: RSS growth over the soak"]["met"] is None
@@ -216,3 +346,124 @@ def test_table_rows_show_unavailable_targets_with_their_reason():
     assert [row[0] for row in rows] == ["direct", "serve", "litellm"]
     assert rows[2][1].startswith("unavailable: pip install failed")
     assert "| litellm | unavailable: pip install failed |" in markdown_table(rows)
+
+
+def test_phase_goals_are_judged_only_at_their_scale():
+    document = _synthetic_document()
+    goals = {goal["goal"]: goal for goal in check_goals(document["targets"],
+                                                         document["phases"])}
+    assert goals["serve --workers 2: max 0-err throughput / one worker's"]["met"] is True
+    assert goals["serve --workers 2: errors over the ladder"]["met"] is True
+    assert goals["observability: CPU per request it adds"]["measured"] == 42.0
+    assert goals["observability: CPU per request it adds"]["met"] is False
+    rss = goals["streams via serve: RSS per open stream"]
+    assert rss["met"] is True and rss["measured"] == pytest.approx(30.0, abs=0.1)
+    assert goals["streams via serve: added inter-chunk delay p99"]["met"] is True
+    assert goals["streams via sidecar-reverse: errors"]["met"] is None  # the phase failed
+    assert goals["harness: client + upstream CPU at the most streams"]["measured"] == 0.7
+
+    # A gateway that could not serve every stream: its survivors' figures are not judged.
+    saturated = _synthetic_phases()
+    serve = saturated["streams"]["targets"]["serve"]
+    serve["errors"] = 3000
+    serve["at_most_streams"]["streaming_in_window"] = 2000
+    goals = {goal["goal"]: goal for goal in check_goals(document["targets"], saturated)}
+    assert goals["streams via serve: errors"]["met"] is False
+    for name in ("streams via serve: RSS per open stream",
+                 "streams via serve: added inter-chunk delay p99"):
+        assert goals[name]["met"] is None
+        assert goals[name]["note"] == "only 2000 of 5000 streams were being served in the window"
+
+    small = _synthetic_phases(streams=200, seconds=3.0)
+    goals = {goal["goal"]: goal for goal in check_goals(document["targets"], small)}
+    rss = goals["streams via serve: RSS per open stream"]
+    assert rss["measured"] is not None and rss["met"] is None
+    assert rss["note"] == "run at 200 streams x 3 s; the goal is for 5000 x 30 s"
+    assert "not judged: run at 200 streams" in render_text(
+        {**document, "phases": small, "goals": check_goals(document["targets"], small),
+         "run": {**document["run"], "stream_shape": [4, 5], "held_shape": [8, 20],
+                 "target_cpus": [1], "load_cpus": [0]},
+         "machine": MACHINE})
+
+
+def test_report_has_a_section_per_phase_in_text_and_markdown():
+    document = _synthetic_document()
+    document["goals"] = check_goals(document["targets"], document["phases"])
+    document["machine"] = MACHINE
+    document["run"].update(stream_shape=[4, 5], held_shape=[8, 20], target_cpus=[1],
+                           load_cpus=[0])
+    text = render_text(document)
+    assert "Observability: CPU per request it adds" in text
+    assert "In-process transport" in text and "unavailable: no engine" in text
+    assert "ratio 1.70" in text
+    assert "Long-lived streams: up to 5000 at once" in text
+    assert "sidecar-reverse: failed: it crashed" in text
+    markdown = render_markdown(document)
+    assert "**serve --workers 2 against one worker" in markdown
+    assert "| serve | 5000 | 5000 |" in markdown
+
+
+def test_streams_chart_is_drawn_with_and_without_matplotlib(tmp_path, monkeypatch):
+    document = _synthetic_document()
+    data = streams_chart_data(document)
+    assert [x for x, _ in data.rss["serve"]] == [0, 2500, 5000]
+    assert set(data.added_p99) == {"direct (p99 gap - interval)", "serve"}
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    for phases in (document["phases"], {}):  # not run: a placeholder that says so
+        path = tmp_path / f"streams-{len(phases)}.png"
+        assert write_streams_chart({**document, "phases": phases}, path) == "builtin"
+        assert path.read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_arguments_choose_phases_and_scale_the_streams():
+    args = parse_arguments(["--quick", "--phases", "streams", "--streams", "50",
+                            "--stream-seconds", "2"])
+    assert args.phase_names == ["streams"] and (args.streams, args.stream_seconds) == (50, 2.0)
+    assert parse_arguments(["--phases", "none"]).phase_names == []
+    default = parse_arguments([])
+    assert "serve-legacy" not in default.target_names and "serve-budget" in default.target_names
+    with pytest.raises(SystemExit):
+        parse_arguments(["--phases", "nope"])
+
+
+def test_paced_upstream_feeds_streams_the_client_checks_chunk_by_chunk(tmp_path):
+    """The streams phase's two halves: the paced upstream sends the fake's frames on an
+    absolute schedule, and the protocol client counts every chunk and times every gap."""
+    port = free_port()
+    upstream = start_process("paced", [sys.executable, "-m", "bench.paced_upstream",
+                                       "--listen", f"127.0.0.1:{port}"],
+                             {**__import__("os").environ, "PYTHONPATH": str(REPO)}, tmp_path,
+                             None)
+    try:
+        direct = Target("direct", Endpoint("127.0.0.1", port), "/api/v1/chat/completions",
+                        "Bearer sk-fake-upstream", None)
+
+        async def one_stream():
+            connection = HttpConnection(direct.endpoint)
+            for _ in range(50):
+                try:
+                    return await connection.request(direct.chat_request(stream_shape=(5, 10)))
+                except OSError:
+                    await asyncio.sleep(0.1)
+            raise AssertionError(upstream.log_tail())
+
+        reply = asyncio.run(one_stream())
+        assert check_stream(reply, 5).ok, reply.body  # the fake's frames, as the fake checks
+
+        shape = StreamShape(20, 1.0, 50)
+        payload = stream_payload("127.0.0.1", port, direct.api_path, direct.authorization,
+                                 "llama-3.3-70b", shape)
+        figures = hold_streams("127.0.0.1", port, payload, shape, upstream.pid,
+                               upstream_pid=upstream.pid)
+        assert figures["ok"] == 20 and figures["errors"] == 0, figures
+        assert figures["gaps_all"]["count"] == 20 * (shape.chunks - 1)
+        assert 45 < figures["gaps_all"]["p50_ms"] < 80
+        step = figures["steps"][0]
+        assert step["streams"] == 20 and step["rss_kib_per_stream"] is not None
+
+        wrong = stream_payload("127.0.0.1", port, direct.api_path, "Bearer nope",
+                               "llama-3.3-70b", StreamShape(3, 1.0, 100))
+        refused = hold_streams("127.0.0.1", port, wrong, StreamShape(3, 1.0, 100), None)
+        assert refused["errors"] == 3 and "HTTP 401" in refused["problems"]
+    finally:
+        upstream.stop()
