@@ -13,6 +13,7 @@ import random
 import time
 from collections.abc import Callable, Iterable
 
+from llm_gateway import jsonio
 from llm_gateway.billing.quotas import QuotaDecision, usd_units
 from llm_gateway.billing.records import ERROR_MESSAGE_CHARS, UsageRecord, decimal_or_none
 from llm_gateway.crypto import mask_secret
@@ -151,7 +152,7 @@ class Exchange:
             prepared = {**prepared, "model": self.target.model}
         if prepared is payload and not self._payload_changed:
             return self.request.body
-        return json.dumps(prepared, ensure_ascii=False, separators=(",", ":")).encode()
+        return jsonio.dumps(prepared)
 
     # ---- what came back -----------------------------------------------------------
 
@@ -241,7 +242,7 @@ class Exchange:
             self.error_message = _message_of(answer)
             return answer
         try:
-            payload = json.loads(body) if body else None
+            payload = jsonio.loads(body) if body else None
         except (ValueError, RecursionError):
             return body
         if not isinstance(payload, dict):
@@ -320,6 +321,7 @@ class Exchange:
             record.prompt_tokens = facts.usage.prompt_tokens
             record.completion_tokens = facts.usage.completion_tokens
             record.total_tokens = facts.usage.total_tokens
+            record.cached_tokens = facts.usage.cached_tokens
             record.provider_cost_usd = decimal_or_none(facts.usage.cost_usd)
             record.provider_cost_diem = decimal_or_none(facts.usage.cost_diem)
         if facts.error is not None and record.error_message is None:

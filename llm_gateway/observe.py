@@ -9,8 +9,7 @@ raised, because a broken upstream frame must not break the relay.
 
 from __future__ import annotations
 
-import json
-
+from llm_gateway import jsonio
 from llm_gateway.providers import Profile, Usage
 from llm_gateway.sse import SSEEvent, SSEParser
 
@@ -101,7 +100,7 @@ class StreamObserver(ResponseFacts):
             self.done = True
             return None
         try:
-            payload = json.loads(event.data)
+            payload = jsonio.loads(event.data)
         except (ValueError, RecursionError):
             self.malformed_count += 1
             return None

@@ -10,9 +10,11 @@ Histogram buckets follow the OpenTelemetry GenAI advice.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 
 from llm_gateway.billing.records import UsageRecord
 from llm_gateway.errors import Rejection
@@ -88,27 +90,39 @@ class GatewayMetrics:
         self.upstream_failures = Counter(
             "llm_gateway_upstream_failures", "Failed attempts at a provider, by kind",
             ["provider", "kind"], registry=registry)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     def finished(self, record: UsageRecord, key: KeyRecord) -> None:
         labels = self.labels
         who = (labels.key(key), labels.subject(record.subject_id))
         model = labels.model(record.model, answered=record.status < 400)
         provider = record.provider or "none"
-        self.requests.labels(*who, model, provider, str(record.status),
-                             record.error_code or "").inc()
-        self.duration.labels(model, provider).observe(record.duration_ms / 1000)
+        child = self._child
+        child(self.requests, (*who, model, provider, str(record.status),
+                              record.error_code or "")).inc()
+        child(self.duration, (model, provider)).observe(record.duration_ms / 1000)
         if record.prompt_tokens:
-            self.tokens.labels(*who, model, provider, "input").inc(record.prompt_tokens)
+            child(self.tokens, (*who, model, provider, "input")).inc(record.prompt_tokens)
         if record.completion_tokens:
-            self.tokens.labels(*who, model, provider, "output").inc(record.completion_tokens)
+            child(self.tokens, (*who, model, provider, "output")).inc(record.completion_tokens)
         if record.cost_usd:
-            self.cost.labels(*who, model, provider).inc(float(record.cost_usd))
+            child(self.cost, (*who, model, provider)).inc(float(record.cost_usd))
         if record.first_chunk_ms is not None:
-            self.first_chunk.labels(model, provider).observe(record.first_chunk_ms / 1000)
+            child(self.first_chunk, (model, provider)).observe(record.first_chunk_ms / 1000)
             if record.completion_tokens > 1:
                 after = (record.duration_ms - record.first_chunk_ms) / 1000
-                self.per_token.labels(model, provider).observe(
+                child(self.per_token, (model, provider)).observe(
                     max(0.0, after) / (record.completion_tokens - 1))
+
+    def _child(self, metric: MetricWrapperBase, values: tuple[str, ...]) -> Any:
+        """``metric.labels(*values)``, remembered: prometheus_client checks and locks on
+        every ``labels`` call, which was most of the cost of counting a request. The label
+        sets are bounded (the module docstring), so is this cache."""
+        cache_key = (id(metric), values)
+        found = self._children.get(cache_key)
+        if found is None:
+            found = self._children[cache_key] = metric.labels(*values)
+        return found
 
     def rejected(self, rejection: Rejection, key: KeyRecord | None) -> None:
         self.rejections.labels(self.labels.key(key), str(rejection.status), rejection.code).inc()
