@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llm_gateway import jsonio
 from llm_gateway.billing.records import UsageRecord
 
 log = logging.getLogger("llm_gateway.billing")
@@ -66,21 +67,22 @@ class Spool:
             self._collect()
         return self._segments[-1]
 
-    def _append(self, segment: _Segment, line: dict[str, object]) -> None:
-        os.write(segment.fd, json.dumps(line, separators=(",", ":")).encode() + b"\n")
+    def _append(self, segment: _Segment, line: dict[str, UsageRecord]) -> None:
+        # The record as its JSON object (money as text), the form from_json reads back.
+        os.write(segment.fd, jsonio.dumps(line) + b"\n")
         self.lines += 1
 
     def admitted(self, record: UsageRecord) -> None:
         """A request was admitted; ``record`` is what is known of it so far."""
         segment = self._current()
-        self._append(segment, {"admitted": record.to_json()})
+        self._append(segment, {"admitted": record})
         segment.open_requests.add(record.request_id)
         self._where[record.request_id] = segment
 
     def finished(self, record: UsageRecord) -> _Segment:
         """The request's record; returns the segment to report it written against."""
         segment = self._current()
-        self._append(segment, {"finished": record.to_json()})
+        self._append(segment, {"finished": record})
         segment.unwritten += 1
         admitted_in = self._where.pop(record.request_id, None)
         if admitted_in is not None:
