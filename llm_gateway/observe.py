@@ -9,6 +9,8 @@ raised, because a broken upstream frame must not break the relay.
 
 from __future__ import annotations
 
+import orjson
+
 from llm_gateway import jsonio
 from llm_gateway.providers import Profile, Usage
 from llm_gateway.sse import SSEEvent, SSEParser
@@ -55,6 +57,10 @@ class ResponseFacts:
             self.usage = usage
 
 
+# The fast path's answer for bytes the SSE parser must read instead.
+_NOT_JSON = object()
+
+
 class StreamObserver(ResponseFacts):
     """Watches an OpenAI-compatible SSE stream being relayed; the caller relays the
     original bytes untouched."""
@@ -77,6 +83,14 @@ class StreamObserver(ResponseFacts):
     def feed(self, chunk: bytes, now: float) -> list[dict]:
         """Observe ``chunk``; ``now`` is the caller's time.monotonic() when it arrived.
         Returns the payloads of the events it completed."""
+        if (chunk.startswith(b"data: ") and chunk.endswith(b"\n\n")
+                and chunk.count(b"\n") == 2 and b"\r" not in chunk
+                and self._parser.between_events()):
+            # Nearly every frame a provider sends: one data line and the blank line. Its
+            # JSON is read straight from the bytes; the parser would find the same event.
+            payload = self._data_frame(chunk[6:-2], now)
+            if payload is not _NOT_JSON:
+                return [] if payload is None else [payload]
         payloads = []
         for event in self._parser.feed(chunk):
             payload = self._event(event, now)
@@ -84,18 +98,41 @@ class StreamObserver(ResponseFacts):
                 payloads.append(payload)
         return payloads
 
-    def close(self) -> None:
-        for event in self._parser.close():
-            self._event(event, None)
-
-    def _event(self, event: SSEEvent, now: float | None) -> dict | None:
+    def _data_frame(self, data: bytes, now: float) -> dict | object | None:
+        """The payload of a one-line data event, None when there is none to give, or
+        _NOT_JSON when the bytes need the parser's reading (not UTF-8, not JSON)."""
+        if data == b"[DONE]":
+            self._timing(now)
+            self.event_count += 1
+            self.done = True
+            return None
+        try:
+            payload = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return _NOT_JSON
+        self._timing(now)
         self.event_count += 1
+        if not isinstance(payload, dict):
+            self.malformed_count += 1
+            return None
+        self.observe(payload)
+        return payload
+
+    def _timing(self, now: float | None) -> None:
         if now is not None:
             if self.last_event_at is None:
                 self.first_event_at = now
             else:
                 self.max_gap = max(self.max_gap, now - self.last_event_at)
             self.last_event_at = now
+
+    def close(self) -> None:
+        for event in self._parser.close():
+            self._event(event, None)
+
+    def _event(self, event: SSEEvent, now: float | None) -> dict | None:
+        self.event_count += 1
+        self._timing(now)
         if event.data == "[DONE]":
             self.done = True
             return None

@@ -75,6 +75,11 @@ class SSEParser:
         lines.pop()  # the empty string after the final LF
         return self._process_lines(lines)
 
+    def between_events(self) -> bool:
+        """Nothing of an unfinished line or event is held: the next bytes start afresh."""
+        return (not self._at_stream_start and not self._partial_line and self._data is None
+                and not self._skip_next_lf and self._event is None and self._id is None)
+
     def close(self) -> list[SSEEvent]:
         """Mark the end of the stream. An event without its blank line is discarded (per spec)."""
         self._partial_line.clear()
@@ -135,21 +140,28 @@ class FrameSplitter:
 
     def feed(self, chunk: bytes) -> list[bytes]:
         data = self._buffer + chunk if self._buffer else chunk
-        frames = []
-        start = 0
-        # Providers end events with LF LF; the other endings are searched only when a CR
-        # is there at all.
-        endings = self._ENDINGS if b"\r" in data else self._ENDINGS[:1]
-        while True:
-            end = self._frame_end(data, start, endings)
-            if end < 0:
-                break
-            frames.append(data[start:end])
-            start = end
+        if b"\r" in data:
+            frames, start = self._cut(data)
+        else:
+            # Providers end events with LF LF: one split does what the scan below does (the
+            # leftmost ending first), in C. The last piece is the unfinished event.
+            *whole, rest = data.split(b"\n\n")
+            frames = [frame + b"\n\n" for frame in whole]
+            start = len(data) - len(rest)
         self._buffer = data[start:]
         if len(self._buffer) > self._max:
             raise FrameTooLarge(f"an SSE event grew past {self._max} bytes without ending")
         return frames
+
+    def _cut(self, data: bytes) -> tuple[list[bytes], int]:
+        frames = []
+        start = 0
+        while True:
+            end = self._frame_end(data, start, self._ENDINGS)
+            if end < 0:
+                return frames, start
+            frames.append(data[start:end])
+            start = end
 
     def remainder(self) -> bytes:
         """What is left at the end of the stream: an event without its blank line."""
