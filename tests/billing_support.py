@@ -18,13 +18,15 @@ def _event(action: str) -> AuditEvent:
 
 
 def set_price(database_url: str, provider: str, model: str, input_usd: str, output_usd: str,
-              effective_from: float = 0.0) -> None:
+              effective_from: float = 0.0, cached_input_usd: str | None = None) -> None:
+    cached = None if cached_input_usd is None else Decimal(cached_input_usd)
+
     async def work() -> None:
         store = open_store(database_url)
         try:
             await store.migrate()
             await store.set_price(Price(provider, model, Decimal(input_usd), Decimal(output_usd),  # type: ignore[attr-defined]
-                                        effective_from), audit=_event("price.set"))
+                                        effective_from, cached), audit=_event("price.set"))
         finally:
             await store.close()
 

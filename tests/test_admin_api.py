@@ -28,7 +28,7 @@ from referencing.jsonschema import DRAFT202012
 
 from asgi_middleware import create_app
 from llm_gateway.admin.app import create_admin_app
-from llm_gateway.admin.service import CLI_ACTOR, AdminService
+from llm_gateway.admin.service import CLI_ACTOR, AdminService, verify_admin_token
 from llm_gateway.billing.model import BudgetScope
 from llm_gateway.config import Secret, Settings
 from llm_gateway.engine import Gateway
@@ -382,6 +382,42 @@ def test_audit_log_pages_newest_first(admin_gw: AdminGateway) -> None:
         rest = c.get("/audit", params={"limit": 10, "before": first[-1]["at"]}).json()
     ats = [e["at"] for e in first + rest]
     assert ats == sorted(ats, reverse=True) and len(ats) == 6  # 5 keys + the admin token
+
+
+def test_an_admin_tokens_last_use_is_written_at_most_once_a_minute(
+    admin_gw: AdminGateway, openapi: OpenApi, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = admin_gw.gateway.store
+    touches: list[float] = []
+    touch = store.touch_admin_token  # type: ignore[attr-defined]
+
+    async def counted(token_id: str, now: float, *, stale_before: float) -> bool:
+        touches.append(now)
+        return await touch(token_id, now, stale_before=stale_before)
+
+    monkeypatch.setattr(store, "touch_admin_token", counted)
+
+    def last_used() -> float | None:
+        with admin_gw.client() as c:
+            [token] = openapi.check(c.get("/admin-tokens")).json()
+        return token["last_used_at"]  # type: ignore[no-any-return]
+
+    before = time.time()
+    first = last_used()
+    assert first is not None and before <= first <= time.time()
+    assert [last_used() for _ in range(4)] == [first] * 4
+    assert len(touches) == 1  # one write for five authenticated calls
+    wrong = admin_gw.token[:-1] + ("y" if admin_gw.token.endswith("x") else "x")
+    with admin_gw.client(token=wrong) as c:
+        assert c.get("/me").status_code == 401  # a wrong token touches nothing
+    assert len(touches) == 1
+
+    # A minute later, the next call writes it again (as every replica would see it).
+    async def verify_later(service: AdminService) -> None:
+        await verify_admin_token(service.store, admin_gw.token, now=first + 61)
+
+    run_service(admin_gw.settings, verify_later)
+    assert last_used() == pytest.approx(first + 61)
 
 
 def test_rules_live_once_in_the_service(admin_gw: AdminGateway) -> None:

@@ -278,3 +278,34 @@ def test_a_price_change_prices_requests_before_and_after_it_differently(
         before, after = gw.finished.wait_for(2)
     assert before.cost_usd is not None and after.cost_usd is not None
     assert after.cost_usd == before.cost_usd * 10  # the same tokens, ten times the price
+
+
+def test_cached_prompt_tokens_are_priced_at_the_cached_input_price(
+    tmp_path: Path, monkeypatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """OpenAI's usage.prompt_tokens_details.cached_tokens reaches the record (JSON and
+    stream) and is priced at cached_input, the rest of the prompt at input: exactly."""
+    prompt = "one two three four five six seven eight nine ten"  # the fake: 10 tokens
+    body = {**CHAT, "messages": [{"role": "user", "content": prompt}]}
+    with another_fake(usage_mode="openai") as (_, url), routed_gateway(
+        tmp_path, one_provider(url, "openai"), monkeypatch,
+    ) as gw:
+        set_price(gw.database_url, "p", "llama-3.3-70b", "2.50", "10", cached_input_usd="1.25")
+        gw.gateway.refresh_from_thread()
+        key = gw.key()
+        cached = {"x-fake-cached-tokens": "6"}
+        answered = gw.chat(key, body, **cached)
+        assert answered.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 6}
+        assert gw.chat(key, {**body, "stream": True}, **cached).status_code == 200
+        assert gw.chat(key, body).status_code == 200  # nothing cached: all at the input price
+        records = sorted(gw.finished.wait_for(3), key=lambda record: record.started_at)
+        gw.gateway.flush_from_thread()
+        stored = {row.request_id: row for row in usage_records(gw.database_url)}
+    # 4 prompt tokens at 2.50, 6 at 1.25 and 64 completion tokens at 10, per million.
+    with_cache = Decimal("0.0006575")
+    without = Decimal("0.000665")
+    assert [(r.prompt_tokens, r.cached_tokens, r.completion_tokens) for r in records] == [
+        (10, 6, 64), (10, 6, 64), (10, 0, 64)]
+    assert [r.cost_usd for r in records] == [with_cache, with_cache, without]
+    assert [(stored[r.request_id].cached_tokens, stored[r.request_id].cost_usd)
+            for r in records] == [(6, with_cache), (6, with_cache), (0, without)]

@@ -177,6 +177,30 @@ def test_sdk_stream_usage_by_mode(venice, openai_mode, usage_mode, include_usage
         assert usages == []
 
 
+def test_cached_tokens_are_reported_only_when_asked(venice, openai_mode):
+    """``x-fake-cached-tokens`` makes usage say so as OpenAI and Venice do; never more than
+    the prompt, and without the header no details at all."""
+    for _, base_url in (venice, openai_mode):
+        client = sdk_client(base_url)
+        plain = client.chat.completions.create(model="llama-3.3-70b", messages=CHAT["messages"])
+        assert plain.usage is not None and plain.usage.prompt_tokens_details is None
+        cached = client.chat.completions.create(
+            model="llama-3.3-70b", messages=CHAT["messages"],
+            extra_headers={"x-fake-cached-tokens": "3"})
+        assert cached.usage is not None and cached.usage.prompt_tokens_details is not None
+        assert cached.usage.prompt_tokens_details.cached_tokens == 3
+        stream = client.chat.completions.create(
+            model="llama-3.3-70b", messages=CHAT["messages"], stream=True,
+            stream_options={"include_usage": True},
+            extra_headers={"x-fake-cached-tokens": "1000"})
+        [usage] = [chunk.usage for chunk in stream if chunk.usage is not None]
+        assert usage.prompt_tokens_details is not None
+        assert usage.prompt_tokens_details.cached_tokens == PROMPT_WORDS
+    refused = httpx.post(f"{venice[1]}/chat/completions", json=CHAT,
+                         headers={**AUTH, "x-fake-cached-tokens": "-1"})
+    assert refused.status_code == 400
+
+
 @pytest.mark.parametrize("configured_by", ["header", "constructor"])
 def test_chunk_delay_spaces_content_chunks(venice, configured_by):
     fake, base_url = venice

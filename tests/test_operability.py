@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +27,14 @@ from llm_gateway.testing.fake_upstream import FakeUpstream, Fault
 from llm_gateway.wiring import build_gateway
 from tests.conftest import make_settings
 from tests.routing_support import provider
-from tests.support import create_key, serve_in_thread
+from tests.support import (
+    BIN,
+    create_key,
+    free_port,
+    serve_in_thread,
+    stop_process,
+    wait_until_up,
+)
 from tests.test_sidecar import VENICE, ca_dir, sidecar_in_thread  # noqa: F401
 
 PROMPT = "a prompt nobody may read: purple elephants"
@@ -157,8 +166,9 @@ def test_nothing_secret_in_logs_spans_or_metrics(tmp_path: Path, fake: FakeUpstr
             fake.push_fault(Fault(status=401, body=b'{"error": "key sk-fake-upstream bad"}'))
             httpx.post(url + "/v1/chat/completions", json=body, headers=auth)
             httpx.post(url + "/v1/chat/completions", json=body, headers=auth)  # 429
+            wrong = key[:-1] + ("R" if key.endswith("Q") else "Q")  # never the key itself
             httpx.post(url + "/v1/chat/completions", json=body,
-                       headers={"authorization": f"Bearer {key[:-1]}Q"})
+                       headers={"authorization": f"Bearer {wrong}"})
             metrics = httpx.get(url + "/metrics").text
         access.seek(0)
         log_lines = access.read().decode()
@@ -170,3 +180,35 @@ def test_nothing_secret_in_logs_spans_or_metrics(tmp_path: Path, fake: FakeUpstr
     for secret in (key, "sk-fake-upstream", PROMPT):
         assert secret not in everything, secret
 
+
+def test_with_log_format_json_every_line_of_serve_is_json(
+    tmp_path: Path, fake: FakeUpstream, fake_url: str,
+) -> None:
+    """uvicorn's own lines (both listeners, start to shutdown), the gateway's and the
+    access log: with LOG_FORMAT=json, each line on stderr is one JSON object."""
+    database_url = f"sqlite:///{tmp_path / 'logs.db'}"
+    key = create_key(database_url)[1]
+    port = free_port()
+    env = {**os.environ, "LOG_FORMAT": "json", "DATABASE_URL": database_url,
+           "VENICE_API_KEY": "sk-fake-upstream", "VENICE_BASE_URL": fake_url,
+           "VENICE_MAX_RETRIES": "0", "BIND_ADDR": f"127.0.0.1:{port}",
+           "ADMIN_BIND_ADDR": f"127.0.0.1:{free_port()}", "USAGE_SPOOL_DIR": str(tmp_path)}
+    with tempfile.TemporaryFile() as stderr:
+        process = subprocess.Popen([str(BIN / "llm-gateway"), "serve"], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=stderr)
+        try:
+            wait_until_up(f"http://127.0.0.1:{port}/healthz", process)
+            body = {"model": "llama-3.3-70b", "messages": [{"role": "user", "content": "Hi"}]}
+            fake.push_fault(Fault(status=500, message="boom"))
+            for authorization in (f"Bearer {key}", f"Bearer {key}", "Bearer nope"):
+                httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
+                           headers={"authorization": authorization})
+        finally:
+            stop_process(process)
+        stderr.seek(0)
+        lines = [json.loads(line) for line in stderr.read().decode().splitlines()]
+    assert {"uvicorn.error", "llm_gateway"} <= {line.get("logger") for line in lines}
+    assert [line["message"] for line in lines if line.get("logger") == "uvicorn.error"].count(
+        f"Finished server process [{process.pid}]") == 2  # both listeners, to the end
+    assert [line["event"] for line in lines if "event" in line] == [
+        "request", "request", "rejected"]

@@ -60,6 +60,33 @@ def test_input_and_output_tokens_are_prompt_and_completion_tokens() -> None:
     assert facts.usage == Usage(30, 7, 37)
 
 
+@pytest.mark.parametrize(("profile", "usage", "cached"), [
+    # OpenAI's chat completions (and Venice's: the same field).
+    ("openai", {"prompt_tokens": 2006, "completion_tokens": 300, "total_tokens": 2306,
+                "prompt_tokens_details": {"cached_tokens": 1920, "audio_tokens": 0}}, 1920),
+    ("venice", {"prompt_tokens": 2006, "completion_tokens": 300, "total_tokens": 2306,
+                "prompt_tokens_details": {"cached_tokens": 1920,
+                                          "cache_creation_input_tokens": 64}}, 1920),
+    # The Responses API's naming.
+    ("openai", {"input_tokens": 2006, "output_tokens": 300,
+                "input_tokens_details": {"cached_tokens": 1024}}, 1024),
+    # DeepSeek's, through the generic profile; OpenAI's profile does not guess at it.
+    ("generic", {"prompt_tokens": 2006, "completion_tokens": 300, "total_tokens": 2306,
+                 "prompt_cache_hit_tokens": 1536, "prompt_cache_miss_tokens": 470}, 1536),
+    ("openai", {"prompt_tokens": 2006, "completion_tokens": 300,
+                "prompt_cache_hit_tokens": 1536}, 0),
+    # Garbage counts as nothing, and never more cached tokens than the prompt has.
+    ("openai", {"prompt_tokens": 10, "prompt_tokens_details": None}, 0),
+    ("openai", {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": -5}}, 0),
+    ("openai", {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": "9"}}, 0),
+    ("openai", {"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 99}}, 10),
+    ("generic", {"prompt_tokens": 10, "prompt_cache_hit_tokens": 99}, 10),
+])
+def test_cached_prompt_tokens_are_read(profile: str, usage: dict, cached: int) -> None:
+    read = profile_named(profile).usage({"usage": usage})
+    assert read is not None and read.cached_tokens == cached
+
+
 @pytest.mark.parametrize("split", [1, 7, 64, 100_000])
 def test_venice_stream_usage_at_every_split(split: int) -> None:
     observer = streamed(VeniceProfile(), "venice_stream.sse", split)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 from llm_gateway.admin.common import Conflict, Invalid, NotFound, ServiceBase
@@ -13,6 +14,7 @@ from llm_gateway.admin.tokens import (
     token_matches,
     token_prefix,
 )
+from llm_gateway.auth import TOUCH_INTERVAL_SECONDS
 from llm_gateway.keys import hash_matches
 from llm_gateway.stores.admin import AdminStore, AdminTokenRecord, AuditEvent
 
@@ -33,9 +35,14 @@ def event_fields(event: AuditEvent) -> dict[str, Any]:
             "target": event.target, "before": event.before, "after": event.after}
 
 
-async def verify_admin_token(store: AdminStore, token: str) -> AdminTokenRecord | None:
+async def verify_admin_token(store: AdminStore, token: str,
+                             now: float | None = None) -> AdminTokenRecord | None:
     """The live admin token ``token`` is, or None. Never cached: a revoked token is refused
-    from the next request on (the admin API is not a hot path)."""
+    from the next request on (the admin API is not a hot path).
+
+    A token that authenticates has its ``last_used_at`` written, as a gateway key's is, at
+    most once a minute: the lookup just read the stored time, so a busy console costs one
+    write a minute per token, not one per call, whatever the number of replicas."""
     if not token.startswith(TOKEN_PREFIX) or not is_well_formed_token(token):
         return None
     record = await store.admin_token_by_prefix(token_prefix(token))
@@ -44,6 +51,12 @@ async def verify_admin_token(store: AdminStore, token: str) -> AdminTokenRecord 
         return None
     if not token_matches(token, record) or record.revoked_at is not None:
         return None
+    now = time.time() if now is None else now
+    stale_before = now - TOUCH_INTERVAL_SECONDS
+    if record.last_used_at is None or record.last_used_at < stale_before:
+        # Conditional in the store too: of replicas racing here, one writes.
+        await store.touch_admin_token(record.id, now, stale_before=stale_before)
+        record = dataclasses.replace(record, last_used_at=now)
     return record
 
 

@@ -92,6 +92,8 @@ def _server_config(args: argparse.Namespace, settings: InjectorSettings) -> uvic
         ssl_certfile=args.tls_cert,
         ssl_keyfile=args.tls_key,
         log_level=args.log_level,
+        # uvicorn's lines through the process's handler: JSON too with LOG_FORMAT=json.
+        log_config=None,
         # The API server reuses connections for its reviews.
         timeout_keep_alive=30,
         # Each decision is logged already; probes every few seconds would drown it.

@@ -13,6 +13,9 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    # Prompt tokens the provider served from its prompt cache (part of prompt_tokens),
+    # billed at the price's cached_input rate when it has one.
+    cached_tokens: int = 0
     cost_usd: float | None = None  # the provider's own figure, when it sends one (Venice)
     cost_diem: float | None = None
 

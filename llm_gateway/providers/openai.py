@@ -1,7 +1,9 @@
 """OpenAI's own API: the reference every other profile translates towards.
 
 Usage arrives as ``usage.prompt_tokens`` / ``completion_tokens`` (some OpenAI-compatible
-servers say ``input_tokens`` / ``output_tokens``); errors are already in OpenAI's shape
+servers say ``input_tokens`` / ``output_tokens``), the prompt tokens read from the prompt
+cache as ``usage.prompt_tokens_details.cached_tokens`` (``input_tokens_details`` in the
+Responses API's naming; Venice reports them the same way); errors are already in OpenAI's shape
 when they come from OpenAI, and anything else (an HTML page from a load balancer, an
 empty body) becomes a message that quotes what arrived.
 """
@@ -84,7 +86,9 @@ class OpenAIProfile:
         completion = token_count(usage.get("completion_tokens", usage.get("output_tokens")))
         reported_total = usage.get("total_tokens")
         total = token_count(reported_total) if _is_int(reported_total) else prompt + completion
-        return Usage(prompt, completion, total)
+        details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
+        cached = token_count(details.get("cached_tokens")) if isinstance(details, dict) else 0
+        return Usage(prompt, completion, total, cached_tokens=min(cached, prompt))
 
     def error_in(self, payload: dict) -> dict[str, str | None] | None:
         error = payload.get("error")

@@ -4,7 +4,9 @@
   ``details``), which OpenAI SDKs cannot read: wrapped into OpenAI's shape, the message
   verbatim.
 - Usage carries the request's cost, ``{"usd": .., "diem": ..}``, inside ``usage`` or
-  beside it depending on the endpoint; streams always end with a usage chunk.
+  beside it depending on the endpoint; streams always end with a usage chunk. Cached
+  prompt tokens come as OpenAI's ``prompt_tokens_details.cached_tokens`` (read by the
+  OpenAI profile); ``cache_creation_input_tokens`` (cache writes) is not priced.
 """
 
 from __future__ import annotations

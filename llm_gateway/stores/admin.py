@@ -100,6 +100,11 @@ class AdminTokens(Protocol):
     async def revoke_admin_token(self, token_id: str, now: float, *, audit: AuditEvent) -> bool:
         ...
 
+    async def touch_admin_token(self, token_id: str, now: float, *, stale_before: float) -> bool:
+        """Set last_used_at to ``now`` unless it is already ``stale_before`` or later (use,
+        not a change: no audit event); True when it was written."""
+        ...
+
 
 class Prices(Protocol):
     async def set_price(self, price: Price, *, audit: AuditEvent) -> None:

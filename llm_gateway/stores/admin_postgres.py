@@ -190,6 +190,15 @@ class AdminPostgresMixin:
             (now, uuid.UUID(token_id)),
         ) == 1
 
+    async def touch_admin_token(self, token_id: str, now: float, *, stale_before: float) -> bool:
+        async with self.connection() as conn:
+            cursor = await conn.execute(
+                "UPDATE admin_tokens SET last_used_at = to_timestamp(%s) WHERE id = %s "
+                "AND (last_used_at IS NULL OR last_used_at < to_timestamp(%s))",
+                (now, uuid.UUID(token_id), stale_before),
+            )
+            return cursor.rowcount == 1
+
     # ---- prices ---------------------------------------------------------------------
 
     async def set_price(self, price: Price, *, audit: AuditEvent) -> None:

@@ -163,6 +163,14 @@ class AdminSqliteMixin:
             (now, token_id),
         ).rowcount == 1))
 
+    async def touch_admin_token(self, token_id: str, now: float, *, stale_before: float) -> bool:
+        cursor = await self._run(lambda db: db.execute(
+            "UPDATE admin_tokens SET last_used_at = ? "
+            "WHERE id = ? AND (last_used_at IS NULL OR last_used_at < ?)",
+            (now, token_id, stale_before),
+        ))
+        return bool(cursor.rowcount == 1)
+
     # ---- prices ---------------------------------------------------------------------
 
     async def set_price(self, price: Price, *, audit: AuditEvent) -> None:

@@ -76,14 +76,19 @@ def prompt_word_count(messages: list[object]) -> int:
 
 
 def usage_payload(
-    prompt_tokens: int, completion_tokens: int, *, with_cost: bool
+    prompt_tokens: int, completion_tokens: int, *, with_cost: bool,
+    cached_tokens: int | None = None,
 ) -> dict[str, object]:
-    """OpenAI's usage object; Venice adds ``cost`` to it."""
+    """OpenAI's usage object; Venice adds ``cost`` to it. ``cached_tokens`` (when a test
+    asks for it) is reported as both providers do, in ``prompt_tokens_details``: at most
+    the prompt, since cached tokens are part of it."""
     usage: dict[str, object] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": min(cached_tokens, prompt_tokens)}
     if with_cost:
         usage["cost"] = fake_cost(prompt_tokens, completion_tokens)
     return usage

@@ -26,6 +26,9 @@ from llm_gateway.testing.fake_faults import DeliberateConnectionCut, Fault
 # forward unknown headers untouched, so tests can steer the fake through a gateway with them.
 CHUNK_COUNT_HEADER = "x-fake-chunks"
 CHUNK_DELAY_MS_HEADER = "x-fake-chunk-delay-ms"
+# Report this many of the prompt's tokens as read from the prompt cache (OpenAI's
+# usage.prompt_tokens_details.cached_tokens). Without it the fake reports no details.
+CACHED_TOKENS_HEADER = "x-fake-cached-tokens"
 
 # What Fault.malformed_frame slips into a stream: looks like a JSON frame, does not parse.
 MALFORMED_SSE_FRAME = b"data: {not json\n\n"
@@ -51,6 +54,16 @@ def stream_settings(
     if chunk_count < 0 or chunk_delay < 0:
         return f"{CHUNK_COUNT_HEADER} and {CHUNK_DELAY_MS_HEADER} must not be negative"
     return chunk_count, chunk_delay
+
+
+def cached_tokens_asked(headers: dict[str, str]) -> int | str | None:
+    """The cached prompt tokens a test asked the fake to report, None, or a problem."""
+    raw = headers.get(CACHED_TOKENS_HEADER)
+    if raw is None:
+        return None
+    if not raw.isdigit():
+        return f"{CACHED_TOKENS_HEADER} must be a non-negative integer"
+    return int(raw)
 
 
 async def chat_completions(
@@ -83,6 +96,10 @@ async def chat_completions(
         await exchange.reject("headers", settings)
         return
     chunk_count, chunk_delay = settings
+    cached_tokens = cached_tokens_asked(exchange.headers)
+    if isinstance(cached_tokens, str):
+        await exchange.reject("headers", cached_tokens)
+        return
     cap = request.get("max_tokens", request.get("max_completion_tokens"))
     if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 0:
         # As a real model: never more completion tokens than the request allows.
@@ -90,7 +107,8 @@ async def chat_completions(
     reply = ChatReply(model=model, chunk_count=chunk_count, created=int(time.time()))
     venice = exchange.provider == "venice"
     usage = usage_payload(
-        prompt_word_count(messages), WORDS_PER_CHUNK * chunk_count, with_cost=venice
+        prompt_word_count(messages), WORDS_PER_CHUNK * chunk_count, with_cost=venice,
+        cached_tokens=cached_tokens,
     )
 
     if request.get("stream") is not True:

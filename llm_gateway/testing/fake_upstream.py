@@ -8,6 +8,9 @@ What it speaks, under ``api_prefix`` (default ``/api/v1``, like ``https://api.ve
 * ``POST /chat/completions`` -- JSON or SSE (``"stream": true``) replies with deterministic content
   (see :func:`fake_reply_text`), usage, and in ``usage_mode="venice"`` Venice's ``usage.cost``.
   A top-level field the imitated provider does not document is a 400, as it is for real.
+  Per request, headers steer it: ``x-fake-chunks``, ``x-fake-chunk-delay-ms``, and
+  ``x-fake-cached-tokens: N`` (usage reports N prompt tokens read from the prompt cache, as
+  ``prompt_tokens_details.cached_tokens``; without it, no details, as for an uncached prompt).
 * ``POST /embeddings`` -- deterministic unit vectors, ``float`` or ``base64`` encoded.
 * ``GET /models`` -- a small Venice-like catalogue (:data:`FAKE_MODELS`).
 * any other path under the prefix -- a 200 "billing" body carrying :data:`BILLING_SECRET`, so
