@@ -2,22 +2,31 @@
 
 Every adapter gets the same behaviour from here. Before the first byte reaches the
 client, a failed attempt moves on: a refused connection or a first-byte timeout to the
-next target at once, a 5xx or a 429 to the next target (a 429 from the last one is
-waited out, up to a bound), never more than ``max_attempts`` in all; each outcome tells
-the target's passive health. Once a stream has started there is no retry: a failure, or
-a stream silent for ``stream_idle``, ends it with an SSE error event and ``[DONE]``.
+next target at once, a 5xx or a 429 to the next target, never more than ``max_attempts``
+in all; each outcome tells the target's passive health. A 429 from a plan's only target
+is back-pressure with nowhere else to go: its Retry-After is waited out when short (up to
+``max_retry_wait_seconds`` in all), else the caller gets the provider's 429 at once. Once
+a stream has started there is no retry: a failure, or a stream silent for
+``stream_idle``, ends it with an SSE error event and ``[DONE]``.
+
+A provider's ``limits`` are provider-wide windows of 60 s, counted by the rate limiter
+(shared like the keys' limits): ``requests_per_minute`` counts each attempt;
+``tokens_per_minute`` counts each attempt's estimated prompt, then what the answer's usage
+says beyond it. A provider whose window is full is skipped as if its bulkhead were full.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import random
 from collections.abc import AsyncIterator, Callable, Iterator
 
 from llm_gateway import errors
 from llm_gateway.errors import UpstreamFailure
 from llm_gateway.exchange import Exchange
-from llm_gateway.limits import RateLimiter
+from llm_gateway.limits import LimiterUnavailable, RateLimiter
 from llm_gateway.messages import EndpointKind, GatewayResponse
 from llm_gateway.providers import UnsupportedParameter
 from llm_gateway.routing.client import UpstreamClient, UpstreamResponse, retry_after_seconds
@@ -25,6 +34,7 @@ from llm_gateway.routing.health import Outcome, State
 from llm_gateway.routing.router import Router
 from llm_gateway.routing.table import ProviderConfig, Target
 from llm_gateway.sse import FrameSplitter, FrameTooLarge
+from llm_gateway.tokens import estimate_prompt
 
 _STREAM_BROKE_OFF = "The upstream provider's stream broke off before it was complete."
 _BUDGET_SPENT = ("The budget of this key (or its subject) is spent: the stream was stopped "
@@ -60,6 +70,8 @@ class Relay:
             return answer
         response, leave = answer
         headers = exchange.on_response_start(response.status, response.headers)
+        if response.status == 429:
+            headers = _with_retry_after(headers, response)
         if exchange.is_sse:
             return GatewayResponse(response.status, headers,
                                    chunks=self._stream(exchange, response, leave))
@@ -71,6 +83,7 @@ class Relay:
             leave()
         body = exchange.complete_body(raw)
         exchange.response_bytes = len(body)
+        await self._count_tokens_used(exchange)
         return GatewayResponse(response.status, headers, body)
 
     async def aclose(self) -> None:
@@ -88,21 +101,19 @@ class Relay:
         # A target that took the request and said nothing in time may still be working on
         # it: never sent the same request twice.
         timed_out: set[Target] = set()
-        waited_for: Target | None = None
+        wait_left = exchange.plan.table.max_retry_wait_seconds
+        waited = False
         for target, last_chance in self._candidates(exchange):
-            # A 429 put the target in cooldown; the wait it asked for was honoured for this
-            # one request, which may try it again.
-            if target in timed_out or (
-                target != waited_for and self._found_down(exchange, target)
-            ):
+            if target in timed_out or self._found_down(exchange, target):
                 continue
-            waited_for = None
             provider = exchange.plan.provider(target)
-            if not await self._admits(provider):
+            if not await self._admits(exchange, provider):
                 overloaded = True
                 continue
             leave = self._leaver(provider)
-            outcome = await self._attempt(exchange, target, provider, last_chance)
+            outcome = await self._attempt(exchange, target, provider, last_chance,
+                                          wait_left=wait_left, backoff=not waited)
+            waited = False
             if isinstance(outcome, UpstreamResponse):
                 return outcome, leave
             leave()
@@ -111,8 +122,9 @@ class Relay:
                 if outcome.kind == "timeout":
                     timed_out.add(target)
             elif outcome is not None:
-                await self._sleep(outcome)  # a 429 from the only target left: wait it out
-                waited_for = target
+                await self._sleep(outcome)  # a 429 from the only target: its wait, then again
+                wait_left -= outcome
+                waited = True
         if failure is not None:
             return failure_response(exchange, failure)
         model = exchange.model or exchange.endpoint.path
@@ -135,10 +147,11 @@ class Relay:
 
     async def _attempt(
         self, exchange: Exchange, target: Target, provider: ProviderConfig, last_chance: bool,
+        *, wait_left: float, backoff: bool,
     ) -> UpstreamResponse | UpstreamFailure | float | None:
         """One try. Returns the response to relay, the failure, seconds to wait before
         trying again (a 429 to wait out), or None to move on at once."""
-        if exchange.attempts and exchange.attempts >= len(exchange.plan.targets):
+        if backoff and exchange.attempts and exchange.attempts >= len(exchange.plan.targets):
             await self._sleep(self._backoff(exchange.attempts - len(exchange.plan.targets)))
         exchange.begin_attempt(target)
         try:
@@ -156,10 +169,10 @@ class Relay:
             self.router.record(target, _FAILURE_OUTCOMES[failure.kind])
             failure.attempts = exchange.attempts
             return failure
-        return self._judge(exchange, target, response, last_chance)
+        return self._judge(exchange, target, response, last_chance, wait_left)
 
     def _judge(self, exchange: Exchange, target: Target, response: UpstreamResponse,
-               last_chance: bool) -> UpstreamResponse | float | None:
+               last_chance: bool, wait_left: float) -> UpstreamResponse | float | None:
         status = response.status
         if status == 429 or status == 408 or status >= 500:
             wait = retry_after_seconds(response.header_map())
@@ -167,10 +180,14 @@ class Relay:
             self.router.record(target, outcome, wait)
             if last_chance:
                 return response  # nothing left to try: the provider's own answer
+            if status == 429 and len(exchange.plan.targets) == 1:
+                # Nowhere else to go: a short wait is waited out, anything else is the
+                # caller's to handle, with the provider's own 429 and Retry-After.
+                if wait is None or wait > wait_left:
+                    return response
+                response.close()
+                return wait
             response.close()
-            only_target = len(exchange.plan.targets) == 1
-            if status == 429 and only_target and wait is not None:
-                return wait if wait <= exchange.plan.table.max_retry_wait_seconds else None
             return None
         if status >= 400:
             self._count_callers_failure(exchange)
@@ -187,9 +204,16 @@ class Relay:
         ))
         task.add_done_callback(lambda done: done.cancelled() or done.exception())
 
-    async def _admits(self, provider: ProviderConfig) -> bool:
-        """Room in the provider's bulkhead and its provider-wide request budget."""
+    async def _admits(self, exchange: Exchange, provider: ProviderConfig) -> bool:
+        """Room in the provider's bulkhead and its provider-wide windows (requests, then
+        tokens: the token window is looked at first so that a full one uses up no
+        request, and counted once the request goes)."""
         if not self.router.bulkhead.try_enter(provider.name, provider.max_concurrency):
+            return False
+        tokens = provider.tokens_per_minute
+        if tokens and not (await self.limiter.take(tokens_bucket(provider.name), tokens, 60,
+                                                   cost=0)).allowed:
+            self.router.bulkhead.leave(provider.name)
             return False
         if provider.requests_per_minute:
             decision = await self.limiter.take(f"provider:{provider.name}",
@@ -197,7 +221,25 @@ class Relay:
             if not decision.allowed:
                 self.router.bulkhead.leave(provider.name)
                 return False
+        if tokens:
+            await self.limiter.take(tokens_bucket(provider.name), tokens, 60,
+                                    cost=_estimated_tokens(exchange))
         return True
+
+    async def _count_tokens_used(self, exchange: Exchange) -> None:
+        """What the answer's usage says beyond the estimate counted when it was sent (a
+        smaller use stays counted: the windows only count up). Before the request ends,
+        so the next one finds the window as full as it is."""
+        provider = exchange.provider
+        facts = exchange.facts
+        if (provider is None or not provider.tokens_per_minute or facts is None
+                or facts.usage is None):
+            return
+        beyond = facts.usage.total_tokens - _estimated_tokens(exchange)
+        if beyond > 0:
+            with contextlib.suppress(LimiterUnavailable):  # fail-closed: only the count lost
+                await self.limiter.take(tokens_bucket(provider.name),
+                                        provider.tokens_per_minute, 60, cost=beyond)
 
     def _leaver(self, provider: ProviderConfig) -> Callable[[], None]:
         left = False
@@ -234,6 +276,7 @@ class Relay:
                     return
             if (rest := frames.remainder()) and (out := exchange.on_frame(rest)) is not None:
                 yield out
+            await self._count_tokens_used(exchange)
         except UpstreamFailure as failure:
             assert exchange.target is not None
             self.router.record(exchange.target, _FAILURE_OUTCOMES[failure.kind])
@@ -249,6 +292,25 @@ class Relay:
 
 def failed_requests_bucket(key_id: str) -> str:
     return f"{key_id}!upstream-4xx"
+
+
+def tokens_bucket(provider: str) -> str:
+    return f"provider:{provider}!tokens"
+
+
+def _estimated_tokens(exchange: Exchange) -> int:
+    """The prompt's estimate: what a provider's token window counts as a request goes."""
+    return max(1, estimate_prompt(exchange.payload or {}))
+
+
+def _with_retry_after(headers: list[tuple[str, str]],
+                      response: UpstreamResponse) -> list[tuple[str, str]]:
+    """A relayed 429 says when to come back, also when the provider said so only in a
+    header the gateway does not relay (``retry-after-ms``, ``x-ratelimit-reset-*``)."""
+    if any(name == "retry-after" for name, _ in headers):
+        return headers
+    wait = retry_after_seconds(response.header_map())
+    return headers if wait is None else [*headers, ("retry-after", str(max(1, math.ceil(wait))))]
 
 
 def stream_error(code: str, message: str) -> bytes:

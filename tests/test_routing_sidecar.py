@@ -1,23 +1,35 @@
 """Routing through the sidecar, both modes: the engine sends every admitted request
-(streams included), so failover, error shapes and the idle timeout are serve's."""
+(streams included), so failover, error shapes and the idle timeout are serve's; a model
+that is no alias goes to the provider whose host the app called; the intercepted hosts
+and the routes follow the route file, at once on SIGHUP."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from llm_gateway.testing.fake_upstream import FakeUpstream, Fault
 from llm_gateway.wiring import build_gateway
 from tests.conftest import make_settings
 from tests.routing_support import CHAT, PROVIDER_KEY, REFUSING, another_fake, provider, two_targets
-from tests.support import create_key
-from tests.test_sidecar import VENICE, InProcessSidecar, ca_dir, sidecar_in_thread  # noqa: F401
+from tests.support import BIN, create_key, free_port
+from tests.test_sidecar import (  # noqa: F401
+    VENICE,
+    InProcessSidecar,
+    ca_dir,
+    running_process,
+    sidecar_in_thread,
+    trusting,
+)
 
 STREAM = {**CHAT, "stream": True}
 
@@ -87,3 +99,71 @@ def test_a_stream_that_stalls_or_is_cut_in_the_sidecar(
         assert done == "data: [DONE]"
         [record] = sidecar.records()
         assert (record.status, record.error_code) == (200, expected)
+
+
+def test_the_host_called_picks_the_provider_and_sighup_reloads_routes_and_hosts(
+    tmp_path: Path, fake: FakeUpstream, fake_url: str,
+) -> None:
+    """A real sidecar process, regular mode: the app calls each provider's own host."""
+    config = tmp_path / "gateway.yaml"
+    port, admin = free_port(), free_port()
+    bundle = tmp_path / "ca-bundle.pem"
+    command = [str(BIN / "llm-gateway"), "sidecar", "--listen", f"127.0.0.1:{port}",
+               "--admin", f"127.0.0.1:{admin}", "--ca-dir", str(tmp_path / "ca"),
+               "--ca-bundle-out", str(bundle)]
+    env = {"LLM_GATEWAY_CONFIG": str(config), "ROUTING_TEST_KEY": PROVIDER_KEY,
+           "DATABASE_URL": f"sqlite:///{tmp_path / 'gateway.db'}"}
+    log = tmp_path / "sidecar.log"
+    with another_fake() as (b, b_url), another_fake() as (c, c_url):
+        routes: dict[str, Any] = {
+            "providers": {"a": provider(fake_url), "b": provider(b_url)},
+            "default_provider": "a",
+            "models": {"chat-fast": {"targets": [{"provider": "b", "model": "qwen3-4b"}]}},
+        }
+        config.write_text(yaml.safe_dump(routes))
+        key = create_key(env["DATABASE_URL"])[1]
+        with running_process(command, env, log, f"http://127.0.0.1:{admin}/readyz") as process, \
+                httpx.Client(proxy=f"http://127.0.0.1:{port}", verify=trusting(bundle),
+                             timeout=10) as client:
+
+            def chat(base_url: str, model: str = "llama-3.3-70b") -> httpx.Response:
+                return client.post(base_url.replace("http:", "https:") + "/chat/completions",
+                                   json={**CHAT, "model": model},
+                                   headers={"authorization": f"Bearer {key}"})
+
+            assert chat(b_url).headers["x-llm-gateway-upstream"] == "b/llama-3.3-70b"
+            assert chat(fake_url).headers["x-llm-gateway-upstream"] == "a/llama-3.3-70b"
+            assert chat(fake_url, "chat-fast").headers["x-llm-gateway-upstream"] == \
+                "b/qwen3-4b"  # an alias routes as configured, whatever the host
+            assert (len(fake.requests), len(b.requests)) == (1, 2)
+            with pytest.raises(httpx.HTTPError):  # not a provider's host: not intercepted
+                chat(c_url)
+
+            routes["providers"]["c"] = provider(c_url)
+            config.write_text(yaml.safe_dump(routes))
+            process.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 10
+            while (answer := _try(chat, c_url)) is None:
+                assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            assert answer.headers["x-llm-gateway-upstream"] == "c/llama-3.3-70b"
+            assert len(c.requests) == 1 and c.requests[0].headers["authorization"] == \
+                f"Bearer {PROVIDER_KEY}"
+
+            config.write_text("providers: [not, a, mapping]\n")
+            process.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 10
+            while "routes: refused" not in log.read_text():
+                assert process.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            assert chat(c_url).status_code == 200  # the last good routes, still serving
+            assert process.poll() is None
+        assert "SIGHUP: reading the routes again" in log.read_text()
+
+
+def _try(chat: Any, base_url: str) -> httpx.Response | None:
+    try:
+        answer = chat(base_url)
+    except httpx.HTTPError:
+        return None
+    return answer if answer.status_code == 200 else None

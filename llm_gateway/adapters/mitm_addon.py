@@ -91,6 +91,7 @@ class GatewayAddon:
         # Admitted and not yet finished: finished at shutdown if mitmproxy never says how
         # they ended. Removed at finish, so it holds only requests in flight.
         self._in_flight: set[Exchange] = set()
+        self._following_routes = False
 
     def engine(self) -> Gateway:
         # A method, not a property: mitmproxy inspects every attribute of an addon when it
@@ -124,17 +125,31 @@ class GatewayAddon:
                 "llm-gateway: ignore_hosts is not supported; hosts other than the LLM hosts "
                 "are passed through untouched already"
             )
-        required = self._required_options()
+        self._enforce(ctx.options)
+        if not self._following_routes:
+            # A provider added live is intercepted from its first request on.
+            options = ctx.options
+            self.engine().router.on_table(lambda _: self._follow_routes(options))
+            self._following_routes = True
+
+    def _follow_routes(self, options: Any) -> None:
+        try:
+            self._enforce(options)
+        except Exception:  # the routes changed all the same; the hosts stay as they were
+            log.exception("llm-gateway: could not update the intercepted hosts")
+
+    def _enforce(self, options: Any) -> None:
+        required = self._required_options(options)
         changed = {
             name: value for name, value in required.items()
-            if getattr(ctx.options, name) != value
+            if getattr(options, name) != value
         }
         if changed:
-            ctx.options.update(**changed)
+            options.update(**changed)
 
-    def _required_options(self) -> dict[str, Any]:
-        reverse_only = bool(ctx.options.mode) and all(
-            spec.startswith("reverse") for spec in ctx.options.mode
+    def _required_options(self, options: Any) -> dict[str, Any]:
+        reverse_only = bool(options.mode) and all(
+            spec.startswith("reverse") for spec in options.mode
         )
         return {
             # A rejected request must not open even a TCP connection to the provider, and
@@ -242,10 +257,13 @@ class GatewayAddon:
             _answer(flow, errors.endpoint_not_allowed(request.method, path))
             return
         body = request.raw_content or b""
+        # Regular mode: the provider host the app called, the one interception decided on
+        # (a reverse proxy is the gateway's own base URL: no provider's host).
+        called = None if _is_reverse(flow) else (request.host, request.port)
         admitted = await self.engine().admit(IncomingRequest(
             method=request.method, path=relative,
             headers=[(name.lower(), value) for name, value in request.headers.items(multi=True)],
-            body=body, adapter=ADAPTER_NAME, query=query,
+            body=body, adapter=ADAPTER_NAME, query=query, called_host=called,
         ))
         if isinstance(admitted, Rejection):
             _answer(flow, admitted)
@@ -310,7 +328,7 @@ class GatewayAddon:
 
     def _api_root(self, flow: http.HTTPFlow) -> str | None:
         """The API root of the flow's LLM host; None when it goes to another host."""
-        if isinstance(flow.client_conn.proxy_mode, ReverseMode):
+        if _is_reverse(flow):
             # A reverse proxy is the gateway's base URL: the same root as the ASGI app's.
             return self.engine().settings.api_prefix
         return self.engine().api_root_for_host(flow.request.host, flow.request.port)
@@ -390,6 +408,10 @@ def _client_gone(flow: http.HTTPFlow) -> bool:
     if error is not None and error.msg == _CLIENT_DISCONNECTED:
         return True
     return not (flow.client_conn.state & ConnectionState.CAN_READ)
+
+
+def _is_reverse(flow: http.HTTPFlow) -> bool:
+    return isinstance(flow.client_conn.proxy_mode, ReverseMode)
 
 
 def _has_port(host: str) -> bool:

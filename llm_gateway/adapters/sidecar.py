@@ -299,7 +299,14 @@ async def _serve(arguments: SidecarArguments, settings: Settings, runtime_dir: P
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, sidecar.shutdown)
+    # SIGHUP: read the route file (and the admin overlay) again now, and keep serving.
+    loop.add_signal_handler(signal.SIGHUP, _reload_routes, sidecar.gateway)
     await sidecar.run()
+
+
+def _reload_routes(gateway: Gateway) -> None:
+    log.info("SIGHUP: reading the routes again")
+    gateway.reload_routes()
 
 
 def _ignore_cancellations(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from llm_gateway.config import ROUTE_KEYS, Secret, Settings
+from llm_gateway.config import ROUTE_KEYS, ConfigError, Secret, Settings
 from llm_gateway.providers import PROFILES
 from llm_gateway.routing.table import (
     HealthPolicy,
@@ -23,8 +23,17 @@ from llm_gateway.routing.table import (
 )
 
 
-class RouteError(ValueError):
-    """A route document that cannot serve; str() is the one-line reason."""
+class RouteError(ConfigError, ValueError):
+    """A route document that cannot serve; str() is the one-line reason, which starts
+    with where the problem is (``models.chat-fast.targets[0].provider: ...``). A
+    ConfigError: at start-up it stops a command as every bad setting does (one line,
+    exit 2)."""
+
+    def __init__(self, reason: str) -> None:
+        where, sep, problem = reason.partition(": ")
+        if not sep:
+            where, problem = "routes", reason
+        super().__init__(where, problem)
 
 
 def merge_routes(file_document: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llm_gateway import errors
+from llm_gateway.config import host_and_api_root
 from llm_gateway.errors import Rejection
 from llm_gateway.routing.bulkhead import Bulkhead
 from llm_gateway.routing.health import Evidence, HealthBook, Outcome, State
@@ -16,6 +17,9 @@ from llm_gateway.routing.table import ModelRoute, ProviderConfig, RouteTable, Ta
 
 # (target, outcome, retry_after, the evidence before it)
 HealthListener = Callable[[str, Outcome, float | None, Evidence], None]
+TableListener = Callable[[RouteTable], None]
+# The provider host an intercepting adapter (the sidecar) saw the request sent to.
+CalledHost = tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +43,9 @@ class Router:
         self.bulkhead = Bulkhead()
         self._rng = rng or random.Random()
         self._listeners: list[HealthListener] = []
+        self._table_listeners: list[TableListener] = []
+        self._host_roots: dict[str, str] = {}
+        self._remember_hosts(table)
 
     @property
     def table(self) -> RouteTable:
@@ -49,25 +56,53 @@ class Router:
         flight keep the plan they were admitted with."""
         self._table = table
         self.health.policy = table.health
+        self._remember_hosts(table)
+        for listener in self._table_listeners:
+            listener(table)
 
-    def plan(self, model: str, prompt_tokens: int) -> Plan | Rejection:
+    def on_table(self, listener: TableListener) -> None:
+        """Also tell ``listener`` each new version of the routes (the sidecar's hosts)."""
+        self._table_listeners.append(listener)
+
+    def plan(self, model: str, prompt_tokens: int,
+             called: CalledHost | None = None) -> Plan | Rejection:
+        """The targets a request for ``model`` tries. An alias routes as configured; any
+        other name goes to the provider whose host the request was sent to (``called``,
+        the sidecar's), else to the default provider."""
         table = self._table
-        route = table.route_for(model)
+        route = table.route_for(model, table.provider_for_host(*called) if called else None)
         if route is None:
             return errors.model_not_found(model)
         fitting = fitting_targets(route, prompt_tokens)
         if not fitting:
             return errors.context_length_exceeded(model, prompt_tokens)
-        states = self.health.snapshot(target.key for target in fitting)
-        order = attempt_order(fitting, states, table.health, self._rng)
+        keys = [target.key for target in fitting]
+        order = attempt_order(fitting, self.health.snapshot(keys), table.health, self._rng,
+                              self.health.rate_limited(keys))
         if not order:
             return errors.no_available_upstream(model)
         return Plan(table, route, tuple(order))
 
-    def plan_default(self, provider: str) -> Plan:
-        """A request that names no model (the model list): the default provider."""
+    def plan_default(self, called: CalledHost | None = None) -> Plan:
+        """A request that names no model (the model list): the provider whose host it was
+        sent to, else the default provider."""
+        table = self._table
+        provider = (table.provider_for_host(*called) if called else None) or \
+            table.default_provider
         target = Target(provider, "", passthrough=True)
-        return Plan(self._table, ModelRoute("", (target,)), (target,))
+        return Plan(table, ModelRoute("", (target,)), (target,))
+
+    def provider_host_roots(self) -> dict[str, str]:
+        """Every provider's host ("host" or "host:port") with its API root, of this version
+        of the routes and every earlier one: a provider removed live stays intercepted
+        until a restart, so its callers' gateway keys keep reaching the gateway rather
+        than that host."""
+        return dict(self._host_roots)
+
+    def _remember_hosts(self, table: RouteTable) -> None:
+        for provider in table.providers.values():
+            host, root = host_and_api_root(provider.base_url)
+            self._host_roots.setdefault(host, root)
 
     def on_outcome(self, listener: HealthListener) -> None:
         """Also tell ``listener`` each outcome (shared health, metrics)."""
@@ -91,11 +126,15 @@ class Router:
 
     def target_keys(self) -> list[str]:
         """Every target's health key: the aliases' targets, and the default provider's
-        own when other model names pass through to it."""
+        own when other model names pass through to it (and any other provider's that
+        passthrough traffic reached: the sidecar sends names to the host called)."""
         table = self._table
         keys = [target.key for target in table.all_targets()]
         if table.unknown_models == "passthrough":
             keys.append(Target(table.default_provider, "", passthrough=True).key)
+            keys += sorted(key for key in self.health.known()
+                           if key.endswith("/*") and key not in keys
+                           and key[:-2] in table.providers)
         return keys
 
     def states(self) -> dict[str, State]:

@@ -2,8 +2,10 @@
 
 Lowest priority first; within a priority a weighted random order, so the first choice
 follows the weights (a DEGRADED target keeps a tenth of its weight, by default); targets
-that are DOWN, or whose context window the prompt does not fit, are left out. Whether a
-provider's bulkhead has room is asked at each attempt, since it changes meanwhile.
+that are DOWN, or whose context window the prompt does not fit, are left out. Targets in a
+429's cooldown come after all the others, in the same order among themselves: the last
+resort, never left out (back-pressure is not ill health). Whether a provider's bulkhead
+has room is asked at each attempt, since it changes meanwhile.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def fitting_targets(route: ModelRoute, prompt_tokens: int) -> list[Target]:
 
 def attempt_order(
     targets: Sequence[Target], states: Mapping[str, State], policy: HealthPolicy,
-    rng: random.Random,
+    rng: random.Random, rate_limited: frozenset[str] = frozenset(),
 ) -> list[Target]:
     order: list[Target] = []
     by_priority = sorted(targets, key=lambda target: target.priority)
@@ -45,4 +47,5 @@ def attempt_order(
             weighted.append((rng.random() ** (1.0 / weight), target))
         weighted.sort(key=lambda pair: pair[0], reverse=True)
         order.extend(target for _, target in weighted)
-    return order
+    return ([target for target in order if target.key not in rate_limited]
+            + [target for target in order if target.key in rate_limited])

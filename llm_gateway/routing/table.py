@@ -45,6 +45,14 @@ class ProviderConfig:
     def host(self) -> str:
         return urlsplit(self.base_url).hostname or ""
 
+    def serves_host(self, host: str, port: int) -> bool:
+        """Whether ``host:port`` is this provider's API host, as the sidecar intercepts it:
+        the name (any case, a trailing dot aside), and the port when the URL names one."""
+        parts = urlsplit(self.base_url)
+        if (parts.hostname or "") != host.lower().rstrip("."):
+            return False
+        return parts.port is None or parts.port == port
+
     def url(self, path: str, query: str = "") -> str:
         return f"{self.base_url}{path}" + (f"?{query}" if query else "")
 
@@ -115,15 +123,26 @@ class RouteTable:
     # Where each route was defined: "file", "db v3", "environment".
     sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
-    def route_for(self, model: str) -> ModelRoute | None:
-        """The alias ``model``, or for another name the default provider's model of that
-        name (passthrough); None when unknown names are refused."""
+    def route_for(self, model: str, provider: str | None = None) -> ModelRoute | None:
+        """The alias ``model``, or for another name that provider's model of that name
+        (passthrough: ``provider``, else the default one); None when unknown names are
+        refused."""
         route = self.models.get(model)
         if route is not None:
             return route
         if self.unknown_models != "passthrough":
             return None
-        return ModelRoute(model, (Target(self.default_provider, model, passthrough=True),))
+        owner = provider if provider in self.providers else self.default_provider
+        return ModelRoute(model, (Target(owner, model, passthrough=True),))
+
+    def provider_for_host(self, host: str, port: int) -> str | None:
+        """The provider whose API host an intercepted request was sent to: the default
+        provider when several share the host, else the first listed; None for no match."""
+        matching = [name for name, provider in self.providers.items()
+                    if provider.serves_host(host, port)]
+        if self.default_provider in matching:
+            return self.default_provider
+        return matching[0] if matching else None
 
     def all_targets(self) -> list[Target]:
         seen: dict[str, Target] = {}
