@@ -5,11 +5,13 @@ variable; the YAML file (``--config FILE`` or ``LLM_GATEWAY_CONFIG``) carries th
 names in lower case and loses to the environment. A bad value stops start-up with one
 line that names the variable. Adding a setting is adding a row to ``VARIABLES`` (and a
 field to ``Settings``); the parsers below are the only place a kind of value is read.
+Its size is the concept: every setting's field, parser and row, in one table.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 from collections.abc import Callable, Mapping
@@ -141,6 +143,8 @@ class Settings:
     # Limits fail open by default: an outage of Redis should not take the API down;
     # each replica then counts on its own.
     rate_limit_failure_policy: FailurePolicy = FailurePolicy.FAIL_OPEN
+    # `serve`'s processes; several share limits, budgets and health (see wiring.py).
+    workers: int = 1
     egress_policy: EgressPolicy = EgressPolicy.ALLOW
     # connection limits (serve and the sidecar): how long a client may take to send a
     # request's headers (from connecting, or from the first byte after an idle spell) and
@@ -180,6 +184,9 @@ class Settings:
     # written (llm_gateway.routing reads them).
     config_file: str | None = None
     routes: Mapping[str, Any] = field(default_factory=dict)
+    # The environment loaded from (providers' `api_key_env` keys are read from it; None:
+    # os.environ). Never printed: it holds keys.
+    environ: Mapping[str, str] | None = field(default=None, repr=False, compare=False)
     # YAML-only: a seed for the price table (llm_gateway.billing.prices reads it).
     prices: Any = None
     # admin plane: the admin listener (None: off), the key that encrypts provider keys at
@@ -265,6 +272,29 @@ def _integer(minimum: int, maximum: int | None = None) -> Parser:
         return value
 
     return parse
+
+
+def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The CPUs this process may use: its affinity, bounded by the cgroup v2 quota when one
+    is set (``cpu.max``: QUOTA PERIOD, a container's CPU limit; rounded down); at least 1."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    with contextlib.suppress(OSError, ValueError):  # no cgroup v2, or no quota ("max")
+        quota, period = cpu_max.read_text().split()[:2]
+        cpus = min(cpus or 1, int(quota) // int(period))
+    return max(1, cpus or 1)
+
+
+def parse_workers(raw: Any) -> int:
+    """``auto`` (the usable CPUs) or a count of at least 1."""
+    if str(raw).strip().lower() == "auto":
+        return usable_cpus()
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise ValueError(f"expected a number of processes or auto, got {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"must be >= 1 (or auto), got {value}")
+    return value
 
 
 def _seconds(raw: Any) -> float:
@@ -403,6 +433,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("AUTH_FAILURE_POLICY", "auth_failure_policy", _choice(FailurePolicy)),
     Variable("RATE_LIMIT_FAILURE_POLICY", "rate_limit_failure_policy", _choice(FailurePolicy)),
     Variable("EGRESS_POLICY", "egress_policy", _choice(EgressPolicy)),
+    Variable("WORKERS", "workers", parse_workers),
     # connection limits
     Variable("HEADER_READ_TIMEOUT_SECONDS", "header_read_timeout_seconds", _seconds),
     Variable("BODY_READ_TIMEOUT_SECONDS", "body_read_timeout_seconds", _seconds),
@@ -480,4 +511,4 @@ def load_settings(
         except ValueError as exc:
             raise ConfigError(name, str(exc)) from None
     routes = {key: file_values[key] for key in ROUTE_KEYS if key in file_values}
-    return Settings(**values, config_file=config_file, routes=routes)
+    return Settings(**values, config_file=config_file, routes=routes, environ=env)

@@ -50,6 +50,10 @@ class IncomingRequest:
     # Set only by in-process adapters that know the caller already (never from the wire):
     # the engine then admits it as this principal instead of authenticating a header.
     principal: KeyRecord | None = None
+    # Set only by an adapter that intercepts provider hosts (the sidecar, regular mode):
+    # the (host, port) the app sent the request to. A model name that is no alias goes
+    # to that host's provider.
+    called_host: tuple[str, int] | None = None
 
     def header(self, name: str) -> str | None:
         for key, value in self.headers:
@@ -72,6 +76,15 @@ class GatewayResponse:
 # the cost of uuid4() per request (it showed in profiles).
 _PROCESS_TAG = os.urandom(6).hex()
 _request_counter = itertools.count(1)
+
+
+def _new_process_tag() -> None:
+    """A forked process (a `serve --workers` worker) is another process: its own tag."""
+    global _PROCESS_TAG, _request_counter
+    _PROCESS_TAG, _request_counter = os.urandom(6).hex(), itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_new_process_tag)
 
 
 def next_request_id() -> str:

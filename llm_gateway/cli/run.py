@@ -8,20 +8,27 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from llm_gateway.cli.common import settings_from
+from llm_gateway.cli.common import EXIT_CONFIG, settings_from
 from llm_gateway.cli.keys import create_key
-from llm_gateway.config import Secret, host_port_argument
+from llm_gateway.config import ConfigError, Secret, Settings, host_port_argument, parse_workers
 from llm_gateway.keys import KeyRecord
 from llm_gateway.stores import open_store
 
+if TYPE_CHECKING:
+    from llm_gateway.adapters.server import Listeners
+
 
 def register(commands: Any) -> None:
-    commands.add_parser(
-        "serve", help="run the gateway (needs VENICE_API_KEY) and its admin listener"
-    ).set_defaults(handler=cmd_serve)
+    serve = commands.add_parser(
+        "serve", help="run the gateway (needs VENICE_API_KEY) and its admin listener")
+    serve.add_argument(
+        "--workers", metavar="N",
+        help="worker processes sharing the listening socket: a number, or auto (the CPUs "
+             "this process may use); default: WORKERS, else 1")
+    serve.set_defaults(handler=cmd_serve)
     commands.add_parser(
         "demo", help="run the gateway in front of the bundled fake upstream, with a dev key"
     ).set_defaults(handler=cmd_demo)
@@ -47,19 +54,55 @@ def register(commands: Any) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    # Imported here, before any worker is forked: each starts with them loaded (and
+    # shares their memory until it writes to it).
+    import llm_gateway.adapters.asgi
+    import llm_gateway.admin.app
+    import llm_gateway.wiring  # noqa: F401
+    from llm_gateway.adapters.server import run_workers
+
+    settings = serve_settings(args)
+    if settings.workers == 1:
+        return _serve(settings)
+    return run_workers(settings, _worker, reload_settings=lambda: serve_settings(args),
+                       side=[settings.admin_bind] if settings.admin_bind else [])
+
+
+def serve_settings(args: argparse.Namespace) -> Settings:
+    """The settings, with ``--workers`` over WORKERS, and the provider key they need."""
+    settings = settings_from(args)
+    if args.workers is not None:
+        try:
+            settings = dataclasses.replace(settings, workers=parse_workers(args.workers))
+        except ValueError as exc:
+            raise ConfigError("--workers", str(exc)) from None
+    settings.require_provider_key()
+    return settings
+
+
+def _serve(settings: Settings, listeners: Listeners | None = None,
+           started: Callable[[], None] | None = None) -> int:
+    """One gateway process (or one worker, on its supervisor's ``listeners``)."""
     from llm_gateway.adapters.asgi import create_app
     from llm_gateway.adapters.server import run_server
     from llm_gateway.admin.app import create_admin_app
     from llm_gateway.wiring import build_gateway
 
-    settings = settings_from(args)
-    settings.require_provider_key()
     gateway = build_gateway(settings)
     # The admin listener shares the process, the event loop and the gateway (its key
     # cache: a change made there is seen here at once); never the public listener.
     admin = [(create_admin_app(gateway), settings.admin_bind)] if settings.admin_bind else []
-    run_server(create_app(settings, gateway=gateway), settings, also=admin)
+    run_server(create_app(settings, gateway=gateway), settings, also=admin,
+               listeners=listeners, on_reload=gateway.reload_routes, on_started=started)
     return 0
+
+
+def _worker(settings: Settings, listeners: Listeners, started: Callable[[], None]) -> int:
+    try:
+        return _serve(settings, listeners, started)
+    except ConfigError as exc:  # found while building the gateway (routes, prices)
+        print(f"llm-gateway: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
 
 
 DEMO_MODEL = "llama-3.3-70b"

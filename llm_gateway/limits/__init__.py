@@ -75,6 +75,17 @@ def decide(count_after: int, limit: int, now: float, window_seconds: int) -> Lim
     return LimitDecision(allowed, limit, max(0, limit - count_after), reset_after)
 
 
+def count_in_window(count: int, limit: int, cost: int, now: float,
+                    window_seconds: int) -> tuple[int, LimitDecision]:
+    """One more request of ``cost`` against a window that has counted ``count``: the
+    window's count after it (a refused request does not use up the window) and the
+    decision. The rule every counting backend in this process (memory, SQLite) applies."""
+    if count < limit:
+        count += cost
+        return count, decide(max(count, 1), limit, now, window_seconds)
+    return count, decide(count + 1, limit, now, window_seconds)
+
+
 def guarded(guard: Guard, reset_after: float) -> LimitDecision:
     return LimitDecision(False, guard.limit, 0, reset_after, guarded=True)
 
@@ -133,12 +144,9 @@ class FixedWindowCounter:
             count = 0
             if len(self._windows) > 10_000:  # forget windows that have ended
                 self._windows = {k: v for k, v in self._windows.items() if v[0] >= start}
-        if count < limit:
-            count += cost  # a refused request does not use up the window
-            self._windows[key] = (start, count)
-            return decide(max(count, 1), limit, now, window_seconds)
+        count, decision = count_in_window(count, limit, cost, now, window_seconds)
         self._windows[key] = (start, count)
-        return decide(count + 1, limit, now, window_seconds)
+        return decision
 
 
 class MemoryRateLimiter:

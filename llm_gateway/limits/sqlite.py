@@ -1,0 +1,164 @@
+"""What the workers of one `serve --workers N` share when nothing shared is configured (no
+Redis, no Postgres): a SQLite file beside the database holding the rate-limit windows,
+the budget ledger and passive health, so that a key's limit is its limit and not N times
+it.
+
+Every read-decide-write happens under an exclusive ``flock`` on a lock file next to it:
+the workers take turns at once, rather than in SQLite's busy-handler sleeps (a
+millisecond or more, spent blocking the event loop), and the kernel drops a dead
+worker's lock. Several rows change together in one transaction; a rate-limit decision,
+one row, is a read and a write in autocommit under the lock (a third cheaper). Calls are
+synchronous on the event loop: tens of microseconds, less than handing them to a thread
+would cost. The file is in WAL mode without fsync (counters: an OS crash may cost them,
+as a restart costs in-process counters), its small schema created on open; it is not
+the database's (no migration). It outlives the workers, so a replaced worker counts on.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from llm_gateway.limits import (
+    Guard,
+    LimitDecision,
+    LimiterUnavailable,
+    bucket_name,
+    count_in_window,
+    guarded,
+    window_start,
+)
+
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS rate_limit_windows (
+        bucket TEXT PRIMARY KEY, window_start REAL NOT NULL, request_count INTEGER NOT NULL
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS quota_counters (
+        name TEXT PRIMARY KEY, spent INTEGER NOT NULL, reserved INTEGER NOT NULL,
+        expires_at REAL NOT NULL
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS quota_buckets (
+        name TEXT PRIMARY KEY, level REAL NOT NULL, at REAL NOT NULL
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS target_health (
+        target TEXT PRIMARY KEY, failures INTEGER NOT NULL, successes INTEGER NOT NULL,
+        degraded INTEGER NOT NULL, down_until REAL NOT NULL
+    ) WITHOUT ROWID""",
+)
+
+
+class WorkersFile:
+    """One connection to the workers' file, and the lock every transaction takes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # Threads of one process share the flock (one open file): they take turns here.
+        self._threads = threading.Lock()
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA busy_timeout=5000")  # only if someone else opens the file
+        self._db.execute("PRAGMA synchronous=OFF")  # no fsync, at checkpoints either
+        with self.transaction() as db:
+            for statement in SCHEMA:
+                db.execute(statement)
+        db.execute("PRAGMA journal_mode=WAL")  # outside a transaction; kept by the file
+
+    def acquire(self) -> sqlite3.Connection:
+        """The connection, its statements in autocommit, no other worker's in between
+        until ``release``. (Methods, not a context manager: this is the hot path.)"""
+        self._threads.acquire()
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._threads.release()
+            raise
+        return self._db
+
+    def release(self) -> None:
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        self._threads.release()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """The connection, inside one transaction no other worker interleaves with;
+        committed when the block ends, rolled back when it raises."""
+        db = self.acquire()
+        try:
+            db.execute("BEGIN")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        finally:
+            self.release()
+
+    def close(self) -> None:
+        self._db.close()
+        os.close(self._lock_fd)
+
+
+# The key's window and its guard's, in one statement.
+_READ = "SELECT bucket, window_start, request_count FROM rate_limit_windows WHERE bucket IN (?, ?)"
+_STORE = "INSERT OR REPLACE INTO rate_limit_windows VALUES (?, ?, ?)"
+
+
+class SqliteRateLimiter:
+    """The fixed window of ``llm_gateway.limits`` (the memory limiter's rule, applied to
+    rows of the workers' file): exact across the workers of one node."""
+
+    backend = "sqlite"
+
+    def __init__(self, file: WorkersFile, clock: Callable[[], float] = time.time) -> None:
+        self._file = file
+        self._clock = clock
+
+    async def take(self, key_id: str, limit: int, window_seconds: int,
+                   cost: int = 1, guard: Guard | None = None) -> LimitDecision:
+        now = self._clock()
+        bucket = bucket_name(key_id, limit, window_seconds)
+        start = window_start(now, window_seconds)
+        guard_bucket = (bucket_name(guard.key_id, guard.limit, guard.window_seconds)
+                        if guard is not None else "")
+        try:
+            db = self._file.acquire()
+        except OSError as exc:
+            raise LimiterUnavailable(self.backend, exc) from exc
+        try:
+            windows = {row[0]: row[1:] for row in db.execute(_READ, (bucket, guard_bucket))}
+            if guard is not None:
+                guard_start = window_start(now, guard.window_seconds)
+                if _count(windows.get(guard_bucket), guard_start) >= guard.limit:
+                    return guarded(guard, guard_start + guard.window_seconds - now)
+            before = _count(windows.get(bucket), start)
+            count, decision = count_in_window(before, limit, cost, now, window_seconds)
+            if count != before:
+                db.execute(_STORE, (bucket, start, count))
+            return decision
+        except sqlite3.Error as exc:
+            raise LimiterUnavailable(self.backend, exc) from exc
+        finally:
+            self._file.release()
+
+    async def ping(self) -> None:
+        try:
+            with self._file.transaction() as db:
+                db.execute("SELECT 1").fetchone()
+        except sqlite3.Error as exc:
+            raise LimiterUnavailable(self.backend, exc) from exc
+
+    async def close(self) -> None:
+        self._file.close()
+
+
+def _count(window: tuple[float, int] | None, start: float) -> int:
+    """What a bucket's current window has counted (0: a new window, or none yet)."""
+    return window[1] if window is not None and window[0] == start else 0
