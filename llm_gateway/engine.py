@@ -7,15 +7,19 @@ the client's response (streams stay streams); an adapter that forwards on its ow
 sidecar, for streams) reads from the exchange what to send and tells it what came back.
 ``Exchange.finish`` runs exactly once per admitted request and hands the usage record to
 every record sink: the durable writer, telemetry, and whoever else subscribed.
+
+The engine's own failures are answers too, mapped here for every adapter: ``admit`` and
+``respond`` answer the 500 ``gateway_error`` (in a stream under way: an in-band error
+event) rather than raise. Every answer carries ``x-request-id`` and ``x-trace-id``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import dataclasses
 import logging
-from collections.abc import Coroutine
-from dataclasses import dataclass, field
+import random
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from llm_gateway import errors
@@ -23,9 +27,15 @@ from llm_gateway.auth import Authenticator
 from llm_gateway.billing.metering import UsageRecord, UsageWriter
 from llm_gateway.billing.model import Price
 from llm_gateway.billing.prices import cost_of
-from llm_gateway.billing.quotas import QuotaDecision, Quotas
-from llm_gateway.config import EgressPolicy, Settings, host_and_api_root
-from llm_gateway.errors import Rejection
+from llm_gateway.billing.quotas import (
+    BudgetsUnavailable,
+    LedgerUnavailable,
+    QuotaDecision,
+    QuotaRefusal,
+    Quotas,
+)
+from llm_gateway.config import EgressPolicy, Settings
+from llm_gateway.errors import Headers, Rejection, UpstreamFailure
 from llm_gateway.exchange import Exchange, RecordSink
 from llm_gateway.keys import KeyRecord
 from llm_gateway.limits import Guard, LimitDecision, LimiterUnavailable, RateLimiter
@@ -38,7 +48,8 @@ from llm_gateway.messages import (
     next_request_id,
 )
 from llm_gateway.providers import UnsupportedParameter, profile_named
-from llm_gateway.relay import Relay, failed_requests_bucket
+from llm_gateway.readiness import Readiness, probe
+from llm_gateway.relay import Relay, failed_requests_bucket, failure_response, stream_error
 from llm_gateway.request_body import parse_request_body
 from llm_gateway.routing.router import Plan, Router
 from llm_gateway.routing.shared_health import SharedHealth
@@ -51,37 +62,16 @@ log = logging.getLogger("llm_gateway")
 
 # last_used_at is written in batches off the request path, this often.
 TOUCH_FLUSH_SECONDS = 5.0
+_ENGINE_FAILED = "The gateway failed on this request."
+_trace_ids = random.Random()  # trace ids need to be unique, not secret: no syscall each
 
 
-@dataclass(frozen=True, slots=True)
-class Readiness:
-    """What /readyz says: "ready", "degraded" (serving, on a substitute for a backend
-    that is down: fail-open) or "unavailable" (refusing: fail-closed); and why."""
-
-    status: str
-    checks: dict[str, dict[str, str]]
-    # Each routing target's passive health: information, not readiness (a restart does
-    # not bring a provider back).
-    targets: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def ready(self) -> bool:
-        return self.status != "unavailable"
-
-    def body(self) -> bytes:
-        payload: dict[str, object] = {"status": self.status, "checks": self.checks,
-                                      "targets": self.targets}
-        failing = [name for name, check in self.checks.items() if check["state"] == "unavailable"]
-        if failing:
-            # The code of the request-level answer the first one causes (503
-            # key_store_unavailable, rate_limiter_unavailable).
-            names = " and ".join(f"the {name.replace('_', ' ')}" for name in failing)
-            code = f"{failing[0]}_unavailable"
-            payload["error"] = json.loads(errors.error_body_for(
-                code if code in errors.CATALOGUE else "not_ready",
-                self.checks[failing[0]].get("error") or f"{names.capitalize()} is not reachable."
-            ))["error"]
-        return json.dumps(payload).encode()
+def answer_ids(request_id: str | None = None, trace_id: str | None = None) -> Headers:
+    """``x-request-id`` and ``x-trace-id``. Where no request stands behind an answer (the
+    connection layer's 408, 413 and 431) they are minted here: the request id from the one
+    sequence, the trace new, as for a request that brought no ``traceparent``."""
+    return [("x-request-id", request_id or next_request_id()),
+            ("x-trace-id", trace_id or f"{_trace_ids.getrandbits(128):032x}")]
 
 
 class Gateway:
@@ -119,7 +109,7 @@ class Gateway:
             (method, path): Endpoint(method, path, KIND_BY_PATH.get(path, EndpointKind.OTHER))
             for method, _, path in (e.partition(" ") for e in settings.allowed_endpoints)
         }
-        self.llm_host_roots = llm_host_roots(settings, router)
+        self._host_roots: tuple[object, dict[str, str]] = (None, {})
         self._sinks: list[RecordSink] = [self._write_record]
         self._started = False
         self._start_lock = asyncio.Lock()
@@ -133,12 +123,14 @@ class Gateway:
         async with self._start_lock:
             if self._started:
                 return
+            # First: a spool that cannot be written is a setting to fix, said in one line
+            # before anything else happens (SpoolUnwritable).
+            self.usage.check_spool()
             await self.store.migrate()
             await self.usage.replay_orphans()
             self._loop = asyncio.get_running_loop()
             await self.routes.start()
             await self._refresh_prices()
-            self.llm_host_roots = llm_host_roots(self.settings, self.router)
             if self.shared_health is not None:
                 await self.shared_health.start()
             self.usage.start()
@@ -221,26 +213,8 @@ class Gateway:
 
     async def readiness(self) -> Readiness:
         """Ask each backend now; the failure policies say what an outage means."""
-        store_outage = self.auth.outage
-        try:
-            await self.store.ping()
-        except Exception as exc:  # whatever keeps the store from answering
-            store_outage.failed(exc)
-        else:
-            store_outage.recovered()
-        await self.limiter.check()
-        limiter_outage = self.limiter.outage
-        checks = {
-            "key_store": store_outage.check(),
-            "rate_limiter": (limiter_outage.check() if limiter_outage is not None
-                             else {"backend": self.limiter.backend, "state": "ok"}),
-        }
-        states = {check["state"] for check in checks.values()}
-        targets = {key: state.value for key, state in self.router.states().items()}
-        for status in ("unavailable", "degraded"):
-            if status in states:
-                return Readiness(status, checks, targets)
-        return Readiness("ready", checks, targets)
+        return await probe(self.store, self.auth.outage, self.limiter, self.quotas,
+                           self.router)
 
     async def _touch_loop(self) -> None:
         """Housekeeping off the request path: last-use times out, prices in."""
@@ -316,14 +290,27 @@ class Gateway:
         request_id = next_request_id()
         current = self.telemetry.begin(request.method, request.path,
                                        request.header("traceparent"))
-        admitted, key = await self._admit(request, request_id, current)
+        try:
+            admitted, key = await self._admit(request, request_id, current)
+        except Exception:  # a bug: the OpenAI-shaped 500, and nothing admitted (no record)
+            log.exception("the engine failed while admitting request %s", request_id)
+            admitted, key = errors.gateway_error(), None
         if isinstance(admitted, Rejection):
-            admitted.headers = [*admitted.headers, ("x-request-id", request_id),
-                                ("x-trace-id", current.trace_id)]
-            self.telemetry.rejected(current, admitted, request_id=request_id,
-                                    adapter=request.adapter, method=request.method,
-                                    path=request.path, key=key)
+            return self.refuse(request, admitted, request_id, current, key)
         return admitted
+
+    def refuse(self, request: IncomingRequest, rejection: Rejection, request_id: str = "",
+               current: Trace | None = None, key: KeyRecord | None = None) -> Rejection:
+        """A refusal, with ids, a span, a metric and an access-log line; adapters call it
+        for what they turn away before admission (a path not served, a body too large)."""
+        request_id = request_id or next_request_id()
+        current = current or self.telemetry.begin(request.method, request.path,
+                                                  request.header("traceparent"))
+        answer = dataclasses.replace(
+            rejection, headers=[*rejection.headers, *answer_ids(request_id, current.trace_id)])
+        self.telemetry.rejected(current, answer, request_id=request_id, adapter=request.adapter,
+                                method=request.method, path=request.path, key=key)
+        return answer
 
     async def _admit(self, request: IncomingRequest, request_id: str,
                      current: Trace) -> tuple[Exchange | Rejection, KeyRecord | None]:
@@ -352,7 +339,7 @@ class Gateway:
         limit = await self._limits(key)
         if isinstance(limit, Rejection):
             return limit
-        plan = self._plan(endpoint, payload)
+        plan = self._plan(endpoint, payload, request.called_host)
         if isinstance(plan, Rejection):
             return plan
         quota = await self._reserve(key, plan, payload)
@@ -369,21 +356,26 @@ class Gateway:
         ledger call at all)."""
         if payload is None:
             return None
-        limits = await self.quotas.limits_for(key.id, key.subject_id)
-        if limits is None:
-            return None
         requested = payload.get("max_tokens") or payload.get("max_completion_tokens")
-        decision = await self.quotas.reserve(
-            limits, prompt_tokens=estimate_prompt(payload), requested_cap=requested,
-            default_cap=plan.route.max_output_tokens,
-            targets=[(target.provider, target.model) for target in plan.targets],
-        )
-        if decision == "cap":
-            return errors.max_tokens_too_large(limits.cap or 0)
-        if isinstance(decision, str):
-            if decision.startswith("tpm:"):
-                return errors.tokens_per_minute_exceeded([])
-            return errors.insufficient_quota(decision, [])
+        try:  # a backend that does not answer: its policy; fail-open never raises these
+            limits = await self.quotas.limits_for(key.id, key.subject_id)
+            if limits is None:
+                return None
+            decision = await self.quotas.reserve(
+                limits, prompt_tokens=estimate_prompt(payload), requested_cap=requested,
+                default_cap=plan.route.max_output_tokens,
+                targets=[(target.provider, target.model) for target in plan.targets],
+            )
+        except BudgetsUnavailable:  # the key store, where budgets are kept
+            return errors.key_store_unavailable()
+        except LedgerUnavailable:  # the counters, on the limiter's backend
+            return errors.budget_ledger_unavailable()
+        if isinstance(decision, QuotaRefusal):
+            if decision.limit == "cap":
+                return errors.max_tokens_too_large(limits.cap or 0)
+            if decision.limit.startswith("tpm:"):
+                return errors.tokens_per_minute_exceeded(decision.headers)
+            return errors.insufficient_quota(decision.limit, decision.headers)
         return decision
 
     async def _limits(self, key: KeyRecord) -> LimitDecision | Rejection:
@@ -408,13 +400,14 @@ class Gateway:
             )
         return limit
 
-    def _plan(self, endpoint: Endpoint, payload: dict | None) -> Plan | Rejection:
+    def _plan(self, endpoint: Endpoint, payload: dict | None,
+              called_host: tuple[str, int] | None) -> Plan | Rejection:
         """Where the request may go: the alias's targets that are up, fit its prompt and
-        whose provider can take its parameters; no alias: the default provider."""
+        whose provider can take its parameters; no alias: the provider of the host it
+        was sent to (the sidecar's), else the default provider."""
         if payload is None:
-            table = self.router.table
-            return self.router.plan_default(table.default_provider)
-        plan = self.router.plan(payload["model"], estimate_prompt(payload))
+            return self.router.plan_default(called_host)
+        plan = self.router.plan(payload["model"], estimate_prompt(payload), called_host)
         if isinstance(plan, Rejection) or endpoint.kind is not EndpointKind.CHAT:
             return plan
         stream = payload.get("stream") is True
@@ -432,13 +425,31 @@ class Gateway:
                                                                   tuple(takers))
 
     async def respond(self, exchange: Exchange) -> GatewayResponse:
-        """Send an admitted request and give the client's response (streams stay streams)."""
-        return await self.relay.respond(exchange)
+        """Send an admitted request and give the client's response (streams stay streams).
+        The engine's own failure is an answer too: the 500 ``gateway_error`` with the
+        exchange's headers, or inside a stream an error event that ends it; the exchange
+        records it, and its adapter finishes it as ever (one usage record)."""
+        try:
+            response = await self.relay.respond(exchange)
+        except Exception:
+            log.exception("the engine failed while relaying request %s", exchange.request_id)
+            return failure_response(exchange, UpstreamFailure("gateway_error", _ENGINE_FAILED))
+        if response.chunks is not None:
+            response.chunks = _ended_on_failure(exchange, response.chunks)
+        return response
 
     def body_too_large(self) -> Rejection:
         return errors.request_too_large(self.settings.request_body_limit_bytes)
 
     # ---- interception: adapters that sit in front of provider hosts (the sidecar) -----
+
+    @property
+    def llm_host_roots(self) -> dict[str, str]:
+        """The intercepted hosts and their API roots; they follow the route table."""
+        table = self.router.table
+        if self._host_roots[0] is not table:
+            self._host_roots = (table, llm_host_roots(self.settings, self.router))
+        return self._host_roots[1]
 
     def api_root_for_host(self, host: str, port: int) -> str | None:
         """The API root path of an intercepted LLM host; None for any other host, which
@@ -463,11 +474,25 @@ class Gateway:
         return errors.egress_denied(host, port)
 
 
+async def _ended_on_failure(exchange: Exchange,
+                            chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A stream's chunks; should the engine fail inside it (the status is out), it ends as
+    the relay ends a broken stream, so SDKs raise."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except Exception:
+        log.exception("the engine failed during the stream of request %s", exchange.request_id)
+        exchange.fail(500, "gateway_error", _ENGINE_FAILED)
+        yield stream_error("gateway_error", _ENGINE_FAILED)
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
+
+
 def llm_host_roots(settings: Settings, router: Router) -> dict[str, str]:
     """The hosts the sidecar intercepts, with their API root: the configured ones and every
     provider's (routing sends there, so apps may call them too)."""
     roots = settings.llm_host_roots()
-    for provider in router.table.providers.values():
-        host, root = host_and_api_root(provider.base_url)
+    for host, root in router.provider_host_roots().items():
         roots.setdefault(host, root)
     return roots

@@ -62,7 +62,7 @@ CATALOGUE: dict[str, ErrorKind] = {kind.code: kind for kind in (
     ErrorKind(429, "rate_limit_error", "too_many_failed_requests",
               "the key caused too many upstream 4xx failures lately (protects the shared key)"),
     ErrorKind(500, "server_error", "gateway_error",
-              "the gateway failed on the request; it was not forwarded"),
+              "the gateway itself failed on the request (in a stream: in band)"),
     ErrorKind(502, "upstream_error", "upstream_unreachable", "provider unreachable"),
     ErrorKind(502, "upstream_error", "upstream_broken_response", "its answer broke off"),
     ErrorKind(502, "upstream_error", "upstream_stream_interrupted",
@@ -74,9 +74,10 @@ CATALOGUE: dict[str, ErrorKind] = {kind.code: kind for kind in (
     ErrorKind(503, "service_unavailable", "upstream_overloaded",
               "every target's bulkhead (`max_concurrency`) is full"),
     ErrorKind(503, "service_unavailable", "key_store_unavailable",
-              "key store unreachable, under `fail-closed` (with `Retry-After`)"),
+              "key store (keys, budgets) unreachable, under `fail-closed` (with `Retry-After`)"),
     ErrorKind(503, "service_unavailable", "rate_limiter_unavailable",
-              "shared limiter unreachable, under `fail-closed` (with `Retry-After`)"),
+              "shared limiter or budget counters unreachable, under `fail-closed` "
+              "(with `Retry-After`)"),
     ErrorKind(503, "service_unavailable", "not_ready",
               "`/readyz`: the gateway cannot serve yet (or a backend is down under `fail-closed`)"),
     ErrorKind(504, "upstream_error", "upstream_timeout",
@@ -195,9 +196,11 @@ def insufficient_quota(limit: str, headers: Headers) -> Rejection:
 
 
 def tokens_per_minute_exceeded(headers: Headers) -> Rejection:
+    """``headers``: the bucket's token headers and its ``retry-after`` (1 s if none)."""
+    waits = [] if any(name == "retry-after" for name, _ in headers) else [("retry-after", "1")]
     return reject("rate_limit_exceeded",
                   "Rate limit reached for this gateway key: tokens per minute. Retry shortly.",
-                  [*headers, ("retry-after", "1")])
+                  [*headers, *waits])
 
 
 def max_tokens_too_large(cap: int) -> Rejection:
@@ -229,15 +232,27 @@ def rate_limit_exceeded(message: str, headers: Headers) -> Rejection:
     return reject("rate_limit_exceeded", message, headers)
 
 
-def gateway_error() -> Rejection:
-    return reject("gateway_error",
-                  "The gateway failed while checking this request; it was not forwarded.")
+def gateway_error(
+    message: str = "The gateway failed while checking this request; it was not forwarded.",
+) -> Rejection:
+    return reject("gateway_error", message)
 
 
 def key_store_unavailable() -> Rejection:
     return reject(
         "key_store_unavailable",
         "The gateway's key store is not reachable, so the key cannot be checked. Retry shortly.",
+        list(_RETRY_SHORTLY),
+    )
+
+
+def budget_ledger_unavailable() -> Rejection:
+    """The budget counters did not answer, under fail-closed: the limiter's code, for they
+    are limits on the same backend and the client's remedy is the same."""
+    return reject(
+        "rate_limiter_unavailable",
+        "The gateway's budget counters are not reachable, so the request cannot be held to "
+        "its budget. Retry shortly.",
         list(_RETRY_SHORTLY),
     )
 

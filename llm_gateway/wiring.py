@@ -8,6 +8,7 @@ import os
 import random
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from opentelemetry.trace import TracerProvider
 
@@ -22,16 +23,23 @@ from llm_gateway.config import ConfigError, Settings, is_postgres_url
 from llm_gateway.engine import Gateway
 from llm_gateway.limits import MemoryRateLimiter, RateLimiter
 from llm_gateway.limits.failover import FailoverRateLimiter
-from llm_gateway.outage import OutageCollector
+from llm_gateway.limits.sqlite import SqliteRateLimiter, WorkersFile
+from llm_gateway.outage import Outage, OutageCollector
 from llm_gateway.relay import Relay
 from llm_gateway.routing.client import UpstreamClient
 from llm_gateway.routing.config import parse_routes
 from llm_gateway.routing.health import HealthBook, Outcome
 from llm_gateway.routing.router import Router
-from llm_gateway.routing.shared_health import SharedHealth
+from llm_gateway.routing.shared_health import (
+    RedisEvidence,
+    SharedEvidence,
+    SharedHealth,
+    SqliteEvidence,
+)
 from llm_gateway.routing.source import KeyOpener, RouteSource
 from llm_gateway.routing.table import RouteTable
-from llm_gateway.stores import Store, open_store
+from llm_gateway.stores import Store, StoreUnavailable, open_store
+from llm_gateway.stores.sqlite import SqliteStore
 from llm_gateway.telemetry import StateCollector, Telemetry
 
 
@@ -57,35 +65,36 @@ def build_gateway(
         backend="postgres" if is_postgres_url(settings.database_url) else "sqlite",
         jwt=jwt_verifier(settings),
     )
-    table = routes or parse_routes(settings.routes, os.environ, settings)
+    environ = os.environ if settings.environ is None else settings.environ
+    table = routes or parse_routes(settings.routes, environ, settings)
     router = Router(table, HealthBook(table.health, health_clock), rng)
     telemetry = Telemetry(settings, tracer_provider, known_models=router.known_models,
                           access_log_fd=access_log_fd)
-    outages = [auth.outage] + ([limiter.outage] if limiter.outage is not None else [])
-    telemetry.watch(OutageCollector(outages))
     router.on_outcome(lambda target, outcome, _, __: _count_failure(telemetry, target, outcome))
     shared_health = None
-    if settings.redis_url:
-        shared_health = SharedHealth(settings.redis_url, router.health, router.target_keys,
-                                     namespace=settings.redis_namespace)
+    if (shared_evidence := open_shared_evidence(settings)) is not None:
+        shared_health = SharedHealth(shared_evidence, router.health, router.target_keys)
         router.on_outcome(shared_health.listener)
-    route_source = RouteSource(settings, router, store, open_key=_key_opener(settings))
+    route_source = RouteSource(settings, router, store, environ=environ,
+                               open_key=_key_opener(settings))
     try:
         seed_prices = prices_from_settings(settings.prices)
     except PriceError as exc:
         raise ConfigError("prices", str(exc).removeprefix("prices: ")) from None
-    quotas = Quotas(open_ledger(settings, store), BudgetBook(store), PriceBook())
+    quotas = open_quotas(settings, store, auth)
+    telemetry.watch(OutageCollector(_outages(auth, limiter, quotas)))
     relay = Relay(
         client or UpstreamClient(), router, limiter,
         response_limit_bytes=settings.upstream_response_limit_bytes,
         max_event_bytes=settings.sse_event_limit_bytes, backoff_base=backoff_base,
     )
-    usage = UsageWriter(store, Spool(settings.spool_dir()))
+    usage = UsageWriter(store, Spool(settings.spool_dir()),
+                        retention_days=settings.usage_retention_days)
     telemetry.watch(StateCollector(
         target_states=lambda: {k: v.value for k, v in router.states().items()},
         bulkheads=lambda: [(name, router.bulkhead.in_flight(name), provider.max_concurrency)
                            for name, provider in router.table.providers.items()],
-        spool=lambda: (usage.spooled, usage.replayed, usage.pending),
+        spool=lambda: (usage.spooled, usage.replayed, usage.pending, usage.spool_failures),
         budgets=quotas.used_ratios,
     ))
     return Gateway(
@@ -93,6 +102,12 @@ def build_gateway(
         routes=route_source, shared_health=shared_health, quotas=quotas,
         seed_prices=seed_prices, usage=usage, telemetry=telemetry,
     )
+
+
+def _outages(auth: Authenticator, limiter: RateLimiter, quotas: Quotas) -> list[Outage]:
+    """The shared backends whose outages /metrics shows (in process, nothing can be down)."""
+    found = [auth.outage] + ([limiter.outage] if limiter.outage is not None else [])
+    return found + ([quotas.outage] if quotas.ledger.backend != "memory" else [])
 
 
 _FAILURE_KINDS = {Outcome.CONNECT: "connect", Outcome.TIMEOUT: "timeout",
@@ -116,9 +131,32 @@ def _key_opener(settings: Settings) -> KeyOpener | None:
     return lambda name, nonce, sealed: box.open(nonce, sealed, context=provider_key_context(name))
 
 
+def workers_file(settings: Settings) -> Path | None:
+    """Where the workers of one `serve --workers N` share limits, budgets and health when
+    neither Redis nor Postgres does: a SQLite file beside the database. None with one
+    process (in-process counting is exact there, and faster) or a Postgres database."""
+    if settings.workers <= 1 or is_postgres_url(settings.database_url):
+        return None
+    database = SqliteStore.from_url(settings.database_url).path
+    if database == ":memory:":
+        raise ConfigError("WORKERS", "more than one worker needs a database file (or "
+                          "Postgres): each worker would have its own in-memory database")
+    return Path(database).parent / f"{Path(database).stem}-workers.db"
+
+
+def open_quotas(settings: Settings, store: Store, auth: Authenticator) -> Quotas:
+    """Budgets, kept in the key store (under its failure policy), counted where
+    ``open_ledger`` says (under the failure policy of the limiter, which shares its
+    backend)."""
+    budgets = BudgetBook(store, outage=auth.outage, unavailable=(StoreUnavailable,))
+    return Quotas(open_ledger(settings, store), budgets, PriceBook(),
+                  failure_policy=settings.rate_limit_failure_policy)
+
+
 def open_ledger(settings: Settings, store: Store) -> Ledger:
     """Where budgets are counted: Redis when REDIS_URL is set, else Postgres when the store
-    is, else in process (one gateway process: exact)."""
+    is, else the workers' file with several workers, else in process (one gateway
+    process: exact)."""
     if settings.redis_url:
         from llm_gateway.billing.ledger_redis import RedisLedger
 
@@ -127,12 +165,17 @@ def open_ledger(settings: Settings, store: Store) -> Ledger:
         from llm_gateway.billing.ledger_postgres import PostgresLedger
 
         return PostgresLedger(store)  # type: ignore[arg-type]
+    if (path := workers_file(settings)) is not None:
+        from llm_gateway.billing.ledger_sqlite import SqliteLedger
+
+        return SqliteLedger(WorkersFile(path))
     return MemoryLedger()
 
 
 def open_limiter(settings: Settings, store: Store) -> RateLimiter:
     """The limiter the settings name: Redis when REDIS_URL is set, else the Postgres
-    fixed window when the store is Postgres, else in-process counting."""
+    fixed window when the store is Postgres, else the workers' file with several
+    workers, else in-process counting."""
     if settings.redis_url:
         from llm_gateway.limits.redis import RedisRateLimiter
 
@@ -148,4 +191,17 @@ def open_limiter(settings: Settings, store: Store) -> RateLimiter:
             return FailoverRateLimiter(
                 PostgresRateLimiter(store), settings.rate_limit_failure_policy
             )
+    if (path := workers_file(settings)) is not None:
+        return FailoverRateLimiter(SqliteRateLimiter(WorkersFile(path)),
+                                   settings.rate_limit_failure_policy)
     return MemoryRateLimiter()
+
+
+def open_shared_evidence(settings: Settings) -> SharedEvidence | None:
+    """Where passive health is shared: Redis between replicas when REDIS_URL is set, else
+    the workers' file between the workers of one node; None: each process on its own."""
+    if settings.redis_url:
+        return RedisEvidence(settings.redis_url, namespace=settings.redis_namespace)
+    if (path := workers_file(settings)) is not None:
+        return SqliteEvidence(WorkersFile(path))
+    return None

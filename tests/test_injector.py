@@ -303,6 +303,11 @@ async def test_namespace_opt_in_injects_the_sidecar(client: httpx.AsyncClient) -
     # The per-pod CA is writable (the sidecar makes it); no Secret is needed for it.
     ca_volume = next(v for v in spec["volumes"] if v["name"] == "llm-gateway-ca")
     assert "emptyDir" in ca_volume
+    # So is the usage spool, on the read-only root file system: an emptyDir of its own.
+    spool_dir = env_of(sidecar)["USAGE_SPOOL_DIR"]["value"]
+    assert {"name": "llm-gateway-spool", "mountPath": spool_dir} in sidecar["volumeMounts"]
+    spool_volume = next(v for v in spec["volumes"] if v["name"] == "llm-gateway-spool")
+    assert "emptyDir" in spool_volume
 
 
 async def test_annotation_opt_in_injects_outside_opted_in_namespaces(
@@ -428,6 +433,7 @@ async def test_several_containers_with_existing_env_volumes_and_init_containers(
         "llm-gateway-ca",
         "llm-gateway-ca-bundle",
         "llm-gateway-tmp",
+        "llm-gateway-spool",
         "llm-gateway-config",
     ]
     web, worker, shipper = (env_of(c) for c in spec["containers"])

@@ -742,8 +742,86 @@ def test_the_dev_overlay_runs_its_own_datastores() -> None:
     )
 
 
+def _may_reach(objects: list[dict[str, Any]], pod_labels: Mapping[str, str],
+               port: int) -> list[dict[str, Any]]:
+    """The ingress peers (``from`` entries) the NetworkPolicies of the gateway's namespace
+    admit to ``port`` of a pod with these labels; [{}] stands for "anyone"."""
+    peers: list[dict[str, Any]] = []
+    for policy in objects:
+        if policy["kind"] != "NetworkPolicy" or not _selects(
+            policy["spec"]["podSelector"], pod_labels
+        ):
+            continue
+        for rule in policy["spec"].get("ingress") or []:
+            ports = {p.get("port") for p in rule.get("ports") or [{"port": port}]}
+            if port in ports:
+                peers += rule.get("from") or [{}]
+    return peers
+
+
+@pytest.mark.parametrize("directory", ["base", "overlays/dev"])
+def test_the_admin_listener_has_its_own_port_open_only_to_admin_clients(directory: str) -> None:
+    """serve's admin API and console (issue 12: ADMIN_BIND_ADDR, never on the public port)
+    on a container port and a Service of their own, and only admin-client pods in the
+    cluster admitted to it; the public port stays open to the cluster as before."""
+    from llm_gateway.config import load_settings
+
+    objects = render(directory)
+    deployment = find(objects, "Deployment", "llm-gateway")
+    template = deployment["spec"]["template"]
+    [container] = template["spec"]["containers"]
+    env = {item["name"]: item["value"] for item in container["env"] if "value" in item}
+    # The file the ConfigMap mounts there is this repository's gateway-config.
+    env["LLM_GATEWAY_CONFIG"] = str(K8S / "gateway-config" / "gateway.yaml")
+    settings = load_settings({**env, "VENICE_API_KEY": "unused"})
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert settings.admin_bind is not None and settings.admin_bind.host == "0.0.0.0"
+    assert ports == {"http": settings.bind.port, "admin": settings.admin_bind.port}
+    assert ports["admin"] != ports["http"]
+
+    public = find(objects, "Service", "llm-gateway")
+    assert [p["targetPort"] for p in public["spec"]["ports"]] == ["http"]
+    admin = find(objects, "Service", "llm-gateway-admin")
+    assert [p["targetPort"] for p in admin["spec"]["ports"]] == ["admin"]
+    assert _selects(admin["spec"]["selector"], template["metadata"]["labels"])
+
+    labels = template["metadata"]["labels"]
+    namespace = deployment["metadata"]["namespace"]
+    in_namespace = [o for o in objects if o["metadata"].get("namespace") == namespace]
+    assert _may_reach(in_namespace, labels, ports["http"]) == [{"namespaceSelector": {}}]
+    admitted = _may_reach(in_namespace, labels, ports["admin"])
+    assert admitted == [{"namespaceSelector": {},
+                         "podSelector": {"matchLabels": {"llm-gateway.io/admin-client": "true"}}}]
+    # Anything else is denied: a default-deny policy selects every pod of the namespace.
+    assert any(o["kind"] == "NetworkPolicy" and o["spec"]["podSelector"] == {}
+               and o["spec"]["policyTypes"] == ["Ingress"] and not o["spec"].get("ingress")
+               for o in in_namespace)
+
+
 def test_the_gateway_yaml_loads_with_no_unknown_settings() -> None:
     from llm_gateway.config import load_settings
 
     settings = load_settings({}, str(K8S / "gateway-config" / "gateway.yaml"))
     assert "api.openai.com" in settings.llm_host_roots()
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS)
+def test_every_gateway_keeps_its_usage_spool_on_a_writable_volume(directory: str) -> None:
+    """serve and every sidecar run on a read-only root file system: USAGE_SPOOL_DIR must
+    name a mounted emptyDir (the default under /var/lib/llm-gateway cannot be created
+    there, and the gateway refuses to start without a spool it can write)."""
+    for workload in render(directory):
+        if workload["kind"] not in WORKLOAD_KINDS:
+            continue
+        spec = workload["spec"]["template"]["spec"]
+        volumes = {volume["name"]: volume for volume in spec.get("volumes") or []}
+        for container in [*(spec.get("initContainers") or []), *spec["containers"]]:
+            if (container.get("args") or [None])[0] not in ("serve", "sidecar"):
+                continue
+            where = f"k8s/{directory}: {workload['metadata']['name']}/{container['name']}"
+            env = {item["name"]: item.get("value") for item in container.get("env") or []}
+            assert env.get("USAGE_SPOOL_DIR"), f"{where}: no USAGE_SPOOL_DIR"
+            [mount] = [m for m in container.get("volumeMounts") or []
+                       if m["mountPath"] == env["USAGE_SPOOL_DIR"]]
+            assert not mount.get("readOnly"), where
+            assert "emptyDir" in volumes[mount["name"]], where

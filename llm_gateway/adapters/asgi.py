@@ -2,7 +2,9 @@
 
 Pure ASGI (no BaseHTTPMiddleware): the request body is read once, with its size limit;
 responses are passed to ``send`` chunk by chunk as the engine yields them, so a stream
-is never buffered. Everything about policy is the engine's; this module translates.
+is never buffered. Everything about policy is the engine's; this module translates. The
+engine answers its own failures too (an OpenAI-shaped 500), so they never reach the server
+as its plain-text 500.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from llm_gateway.asgi_types import (
     encode_headers,
     send_body,
 )
-from llm_gateway.config import Settings, load_settings
+from llm_gateway.config import ConfigError, Settings, load_settings
 from llm_gateway.engine import Gateway
 from llm_gateway.errors import Rejection
 from llm_gateway.exchange import Exchange
@@ -123,12 +125,15 @@ class GatewayMiddleware:
             if message["type"] == "lifespan.startup":
                 try:
                     await self.gateway.start()
-                except StoreUnavailable as exc:
+                except (StoreUnavailable, ConfigError) as exc:
                     # Told to the server, which logs the one line and exits: a store down
-                    # at start-up is an operator's matter, not a traceback.
+                    # or a spool that cannot be written at start-up is an operator's
+                    # matter, not a traceback.
                     await self.gateway.close()
+                    problem = (f"the key store is unreachable ({exc})"
+                               if isinstance(exc, StoreUnavailable) else str(exc))
                     await send({"type": "lifespan.startup.failed",
-                                "message": f"cannot start: the key store is unreachable ({exc})"})
+                                "message": f"cannot start: {problem}"})
                     raise
             elif message["type"] == "lifespan.shutdown":
                 await self.gateway.close()
@@ -137,18 +142,15 @@ class GatewayMiddleware:
         return wrapped
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
-        headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]]
+        request = _incoming(scope, path)
         try:
-            body = await self._read_body(receive, headers)
+            body = await self._read_body(receive, request.headers)
         except _BodyTooLarge:
-            await _send_rejection(send, self.gateway.body_too_large())
+            await _send_rejection(send, self.gateway.refuse(request, self.gateway.body_too_large()))
             return
         except _ClientGone:
             return
-        request = IncomingRequest(
-            method=scope["method"], path=path, headers=headers, body=body,
-            adapter=ADAPTER_NAME, query=scope.get("query_string", b"").decode("latin-1"),
-        )
+        request.body = body
         admitted = await self.gateway.admit(request)
         if isinstance(admitted, Rejection):
             await _send_rejection(send, admitted)
@@ -212,17 +214,35 @@ class GatewayMiddleware:
             exchange.finish(client_disconnected=gone)
 
 
-async def _not_found(scope: Scope, receive: Receive, send: Send) -> None:
-    if scope["type"] == "lifespan":
-        await answer_lifespan(receive, send)
-        return
-    if scope["type"] != "http":
-        return
-    await _send_rejection(send, errors.not_found(scope["method"], scope["path"]))
+def _incoming(scope: Scope, path: str) -> IncomingRequest:
+    """The request as the engine reads it, its body still to come."""
+    return IncomingRequest(
+        method=scope["method"], path=path,
+        headers=[(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]],
+        body=b"", adapter=ADAPTER_NAME, query=scope.get("query_string", b"").decode("latin-1"),
+    )
+
+
+class _NotFound:
+    """The standalone gateway's app: whatever the middleware does not serve is a 404
+    ``not_found``, refused through the engine like any request (ids, metric, log line)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await answer_lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        refusal = errors.not_found(scope["method"], scope["path"])
+        await _send_rejection(send, self.gateway.refuse(_incoming(scope, scope["path"]), refusal))
 
 
 def create_app(
     settings: Settings | None = None, *, gateway: Gateway | None = None, prefix: str | None = None
 ) -> GatewayMiddleware:
     """The standalone gateway: the middleware around an app that answers 404."""
-    return GatewayMiddleware(_not_found, gateway, settings=settings, prefix=prefix)
+    gateway = gateway or build_gateway(settings or load_settings())
+    return GatewayMiddleware(_NotFound(gateway), gateway, settings=settings, prefix=prefix)

@@ -41,6 +41,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from llm_gateway import errors
 from llm_gateway.config import Settings
+from llm_gateway.engine import answer_ids
 from llm_gateway.errors import Rejection
 
 __all__ = [
@@ -181,11 +182,16 @@ class ConnectionWatch:
 
 def answer_bytes(rejection: Rejection, extra_headers: Sequence[tuple[bytes, bytes]] = ()) -> bytes:
     """A whole HTTP/1.1 answer that closes the connection: written by a server's connection
-    code itself, where no application (and no response object) exists yet."""
+    code itself, where no application (and no response object) exists yet. It carries
+    ``x-request-id`` and ``x-trace-id`` like every answer, minted by the engine's rule
+    when the rejection has none."""
     phrase = http.HTTPStatus(rejection.status).phrase
     head = [f"HTTP/1.1 {rejection.status} {phrase}".encode()]
     head += [name + b": " + value for name, value in extra_headers]
-    head += [f"{name}: {value}".encode("latin-1") for name, value in rejection.all_headers()]
+    headers = rejection.all_headers()
+    if not any(name == "x-request-id" for name, _ in headers):
+        headers += answer_ids()
+    head += [f"{name}: {value}".encode("latin-1") for name, value in headers]
     head += [f"content-length: {len(rejection.body)}".encode(), b"connection: close"]
     return b"\r\n".join(head) + b"\r\n\r\n" + rejection.body
 

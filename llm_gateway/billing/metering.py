@@ -3,7 +3,7 @@
 Every admitted request produces exactly one UsageRecord (billing.records), whatever
 happened to it. The writer batches them off the request path (one transaction per batch)
 and keeps records that failed to write for the next attempt, so a store hiccup loses
-nothing.
+nothing. It also applies the retention (``USAGE_RETENTION_DAYS``) at start and once a day.
 """
 
 from __future__ import annotations
@@ -11,12 +11,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from datetime import UTC, date, datetime, timedelta
 from typing import Protocol
 
 from llm_gateway.billing.records import UsageRecord
 from llm_gateway.billing.spool import Spool
 
 log = logging.getLogger("llm_gateway.billing")
+
+RETENTION_INTERVAL_SECONDS = 86_400.0
+# A retention pass that failed (the store did not answer) is tried again this much later.
+RETENTION_RETRY_SECONDS = 3_600.0
 
 
 class UsageSink(Protocol):
@@ -29,16 +35,24 @@ class UsageWriter:
     With a spool, every record is on disk before it is queued (and every admitted request
     is, as it is admitted): what the database has not got survives an outage and a kill.
     Memory holds at most ``max_pending`` records; past that the spool alone holds them,
-    and they are read back from it once the database answers again.
+    and they are read back from it once the database answers again. A record the spool
+    could not take (``Spool`` says why, once) stays in memory whatever the count: it is
+    nowhere else.
+
+    ``retention_days`` (0: keep all): the records of days before today minus that many
+    are dropped at start and once a day, by the sink's ``drop_usage_before``.
     """
 
     # Every 50 ms: the gateway usually runs on one CPU, and a batch written every 200 ms
     # (some 300 records at full load) showed as a 2.5 ms p99 on requests; smaller batches
     # more often keep each pause short.
     def __init__(self, sink: UsageSink, spool: Spool | None = None, *, interval: float = 0.05,
-                 batch_size: int = 500, max_pending: int = 20_000) -> None:
+                 batch_size: int = 500, max_pending: int = 20_000,
+                 retention_days: int = 0) -> None:
         self._sink = sink
         self.spool = spool
+        self.retention_days = retention_days
+        self._retention_due = 0.0  # monotonic; 0: at the first pass of the writer
         self._interval = interval
         self._batch_size = batch_size
         self._max_pending = max_pending
@@ -50,6 +64,11 @@ class UsageWriter:
         self.spooled = 0  # records the database could not take at first
         self.replayed = 0  # records written from the spool (outages, dead processes)
 
+    def check_spool(self) -> None:
+        """At start-up: SpoolUnwritable (a ConfigError) when the spool cannot be written."""
+        if self.spool is not None:
+            self.spool.check()
+
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
@@ -60,7 +79,7 @@ class UsageWriter:
 
     def add(self, record: UsageRecord) -> None:
         segment = self.spool.finished(record) if self.spool is not None else None
-        if len(self._pending) >= self._max_pending:
+        if len(self._pending) >= self._max_pending and segment is not None:
             self._overflowed = True  # on disk only, read back after the outage
             return
         self._pending.append((record, segment))
@@ -70,7 +89,14 @@ class UsageWriter:
     @property
     def pending(self) -> int:
         """Records the database does not have yet."""
-        return self.spool.pending if self.spool is not None else len(self._pending)
+        if self.spool is None:
+            return len(self._pending)
+        return self.spool.pending + sum(1 for _, segment in self._pending if segment is None)
+
+    @property
+    def spool_failures(self) -> int:
+        """Lines the spool could not write (its records went on from memory only)."""
+        return self.spool.failures if self.spool is not None else 0
 
     async def flush(self) -> None:
         """Write everything pending now; on failure the records stay pending."""
@@ -81,8 +107,11 @@ class UsageWriter:
                     await self._sink.write_usage([record for record, _ in batch])
                 except Exception:
                     self.spooled += len(batch)
-                    self._pending[:0] = batch[: self._max_pending]
-                    self._overflowed |= len(batch) > self._max_pending
+                    # What the spool holds may wait there; what it does not, only here.
+                    spooled = [item for item in batch if item[1] is not None]
+                    kept = [item for item in batch if item[1] is None] + spooled[:self._max_pending]
+                    self._pending[:0] = kept
+                    self._overflowed |= len(spooled) > self._max_pending
                     raise
                 if self.spool is not None:
                     self.spool.written([segment for _, segment in batch])  # type: ignore[misc]
@@ -96,7 +125,7 @@ class UsageWriter:
                 await self._sink.write_usage(records)
                 self.replayed += len(records)
             self.spool.all_written(segment)
-        self._pending = []
+        self._pending = [item for item in self._pending if item[1] is None]
         self._overflowed = False
 
     async def replay_orphans(self) -> int:
@@ -114,8 +143,34 @@ class UsageWriter:
         self.replayed += count
         return count
 
+    async def apply_retention(self, today: date | None = None) -> str | None:
+        """Drop the records of the days before ``today`` (UTC) minus ``retention_days``;
+        says what went, once in the log. None: no retention, or a sink without it."""
+        drop = getattr(self._sink, "drop_usage_before", None)
+        if not self.retention_days or drop is None:
+            return None
+        today = today or datetime.now(UTC).date()
+        before = today - timedelta(days=self.retention_days)
+        dropped = str(await drop(before))
+        log.info("usage retention (USAGE_RETENTION_DAYS=%d): dropped %s from before %s",
+                 self.retention_days, dropped, before.isoformat())
+        return dropped
+
+    async def _retention_if_due(self) -> None:
+        now = time.monotonic()
+        if not self.retention_days or now < self._retention_due:
+            return
+        self._retention_due = now + RETENTION_INTERVAL_SECONDS
+        try:
+            await self.apply_retention()
+        except Exception as exc:  # the store did not answer: the records wait for the next pass
+            self._retention_due = now + RETENTION_RETRY_SECONDS
+            log.warning("usage retention failed, tried again in %ds: %s",
+                        int(RETENTION_RETRY_SECONDS), type(exc).__name__)
+
     async def _run(self) -> None:
         while True:
+            await self._retention_if_due()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._interval)
             self._wake.clear()

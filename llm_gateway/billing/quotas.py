@@ -8,12 +8,19 @@ budget's ``max_output_tokens``, else the model's default), priced at the dearest
 output price. After it, the reservation is settled to what was really used. Near a USD
 budget the output cap is lowered to what the budget can still pay for (the budget-aware
 clamp), so a request that fits is served rather than refused.
+
+When the ledger does not answer (Redis or Postgres down), the rate limiter's failure policy
+(``RATE_LIMIT_FAILURE_POLICY``) decides, as for the limiter, which shares its backend:
+fail-open admits without a reservation, fail-closed raises ``LedgerUnavailable`` (the
+engine's 503). Either way it is one ``Outage``: logged at most once a minute, counted,
+shown by /readyz, and the ledger is asked again once a second.
 """
 
 from __future__ import annotations
 
 import asyncio
 import calendar
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,11 +30,20 @@ from decimal import Decimal
 from llm_gateway.billing.ledger import Draw, Hold, Ledger, LedgerAnswer
 from llm_gateway.billing.model import MILLION, Budget, BudgetScope, OverCap, Price
 from llm_gateway.billing.prices import PriceBook
+from llm_gateway.config import FailurePolicy
+from llm_gateway.outage import Outage
 
 UNITS_PER_USD = Decimal(10) ** 10  # the ledger counts USD in 1e-10 units
 # The output cap assumed when neither the request, a budget nor the route gives one.
 DEFAULT_OUTPUT_CAP = 4096
 BUDGET_CACHE_SECONDS = 2.0
+# While the ledger is down, one request per interval asks it again (as the limiter does).
+RETRY_INTERVAL_SECONDS = 1.0
+
+
+class LedgerUnavailable(Exception):
+    """The ledger did not answer, under fail-closed: the request cannot be held to its
+    budget, so it is not sent."""
 
 
 def usd_units(amount: Decimal) -> int:
@@ -57,8 +73,20 @@ class QuotaDecision:
     headers: list[tuple[str, str]] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class QuotaRefusal:
+    """A limit said no: which (a counter or bucket name, or "cap" for a ``max_tokens``
+    over a rejecting cap), and the headers its 429 carries (OpenAI's token headers, and
+    ``retry-after`` where the limit frees up)."""
+
+    limit: str
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
 @dataclass(slots=True)
-class _Limits:
+class BudgetLimits:
+    """The budgets one key's requests are held to (its own and its subject's)."""
+
     budgets: list[Budget]
     cap: int | None  # the tightest max_output_tokens of the budgets
     over_cap: OverCap
@@ -74,40 +102,79 @@ def windows(now: float) -> tuple[str, float, str, float]:
     return f"d{moment:%Y%m%d}", float(day_end), f"m{moment:%Y%m}", float(month_end)
 
 
+class BudgetsUnavailable(Exception):
+    """The key store did not answer a budget lookup, under its fail-closed policy: the
+    request cannot be held to its budgets, so it is not sent."""
+
+
 class BudgetBook:
     """Budgets by scope, cached briefly per process: a budget set anywhere applies
-    everywhere within ``BUDGET_CACHE_SECONDS``."""
+    everywhere within ``BUDGET_CACHE_SECONDS``.
 
-    def __init__(self, store: object, clock: Callable[[], float] = time.monotonic) -> None:
+    Budgets live in the key store, so its outage rules apply (``outage``: the key store's,
+    with ``AUTH_FAILURE_POLICY``; ``unavailable``: what the store raises when it does not
+    answer): fail-closed raises BudgetsUnavailable, fail-open answers with the budget this
+    process read last, however old (none read: none).
+    """
+
+    def __init__(self, store: object, clock: Callable[[], float] = time.monotonic, *,
+                 outage: Outage | None = None,
+                 unavailable: tuple[type[Exception], ...] = ()) -> None:
         self._lookup = getattr(store, "budget", None)
         self._clock = clock
         self._cache: dict[tuple[BudgetScope, str], tuple[float, Budget | None]] = {}
+        self._read_after = -math.inf  # entries read before this are to be read again
+        self._outage = outage
+        self._unavailable = unavailable
 
     async def budget(self, scope: BudgetScope, scope_id: str) -> Budget | None:
         if self._lookup is None:
             return None
         now = self._clock()
         cached = self._cache.get((scope, scope_id))
-        if cached is not None and now - cached[0] < BUDGET_CACHE_SECONDS:
+        if (cached is not None and now - cached[0] < BUDGET_CACHE_SECONDS
+                and cached[0] >= self._read_after):
             return cached[1]
-        found = await self._lookup(scope, scope_id)
+        try:
+            found = await self._lookup(scope, scope_id)
+        except self._unavailable as exc:
+            outage = self._outage
+            if outage is None:
+                raise
+            outage.failed(exc)
+            if outage.policy is FailurePolicy.FAIL_CLOSED:
+                raise BudgetsUnavailable(str(exc)) from exc
+            outage.substituted()
+            return cached[1] if cached is not None else None
         if len(self._cache) > 50_000:
             self._cache.clear()
         self._cache[(scope, scope_id)] = (now, found)
         return found
 
     def forget(self) -> None:
-        self._cache.clear()
+        """Read every budget again at its next use (until then, under fail-open, what was
+        read last still holds a request to it)."""
+        self._read_after = self._clock()
 
 
 class Quotas:
     def __init__(self, ledger: Ledger, budgets: BudgetBook, prices: PriceBook,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, *,
+                 failure_policy: FailurePolicy = FailurePolicy.FAIL_OPEN,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.ledger = ledger
         self.budgets = budgets
         self.prices = prices
         self._clock = clock
         self._ratios: dict[tuple[str, str, str], float] = {}
+        self.failure_policy = failure_policy
+        self.outage = Outage(
+            "budget_ledger", ledger.backend, policy=failure_policy, clock=monotonic,
+            substitute=("admitting requests without holding them to their budgets until it "
+                        "is back" if failure_policy is FailurePolicy.FAIL_OPEN else
+                        "refusing requests of keys with a budget with 503 until it is back"))
+        self._monotonic = monotonic
+        self._next_try = 0.0
 
     def used_ratios(self) -> list[tuple[str, str, str, float]]:
         """(scope, id, window, spent and reserved over the limit) of each USD budget as
@@ -122,49 +189,93 @@ class Quotas:
                 label = "daily" if window.startswith("d") else "monthly"
                 self._ratios[(scope, owner, label)] = used / hold.limit if hold.limit else 1.0
 
-    async def limits_for(self, key_id: str, subject_id: str) -> _Limits | None:
-        found = await asyncio.gather(self.budgets.budget(BudgetScope.KEY, key_id),
-                                     self.budgets.budget(BudgetScope.SUBJECT, subject_id))
-        budgets = [budget for budget in found if budget is not None]
+    async def limits_for(self, key_id: str, subject_id: str) -> BudgetLimits | None:
+        """The budgets a request of this key is held to (None: none). Raises
+        BudgetsUnavailable (the key store, under fail-closed)."""
+        found = await asyncio.gather(
+            self.budgets.budget(BudgetScope.KEY, key_id),
+            self.budgets.budget(BudgetScope.SUBJECT, subject_id),
+            return_exceptions=True)  # both awaited to the end: no failure left unretrieved
+        for outcome in found:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        budgets = [budget for budget in found if isinstance(budget, Budget)]
         if not budgets:
             return None
         caps = [b.max_output_tokens for b in budgets if b.max_output_tokens]
         rejecting = any(b.over_cap is OverCap.REJECT for b in budgets if b.max_output_tokens)
-        return _Limits(budgets, min(caps) if caps else None,
+        return BudgetLimits(budgets, min(caps) if caps else None,
                        OverCap.REJECT if rejecting else OverCap.CLAMP,
                        any(b.stop_streams_at_budget for b in budgets))
 
     async def reserve(
-        self, limits: _Limits, *, prompt_tokens: int, requested_cap: int | None,
+        self, limits: BudgetLimits, *, prompt_tokens: int, requested_cap: int | None,
         default_cap: int | None, targets: Sequence[tuple[str, str]],
-    ) -> QuotaDecision | str:
-        """Reserve for one request: the decision, or the name of the limit that refused
-        ("cap" when the request's max_tokens is over a rejecting cap)."""
+    ) -> QuotaDecision | QuotaRefusal:
+        """Reserve for one request: the decision, or the refusal. Raises
+        LedgerUnavailable when the ledger does not answer under fail-closed."""
         cap = requested_cap or limits.cap or default_cap or DEFAULT_OUTPUT_CAP
         if limits.cap and cap > limits.cap:
             if limits.over_cap is OverCap.REJECT:
-                return "cap"
+                return QuotaRefusal("cap")
             cap = limits.cap
         now = self._clock()
         price = self.prices.highest_output_price(targets, now)
-        answer, holds, draws = await self._try(limits, prompt_tokens, cap, price, now)
-        if not answer.granted and answer.refused_by and price is not None:
-            affordable = _affordable_cap(answer, prompt_tokens, price)
-            if answer.refused_by.startswith("usd:") and 1 <= affordable < cap:
+        tried = await self._try(limits, prompt_tokens, cap, price, now)
+        if (tried is not None and not tried[0].granted and tried[0].refused_by
+                and price is not None):
+            affordable = _affordable_cap(tried[0], prompt_tokens, price)
+            if tried[0].refused_by.startswith("usd:") and 1 <= affordable < cap:
                 cap = affordable  # the budget-aware clamp
-                answer, holds, draws = await self._try(limits, prompt_tokens, cap, price, now)
-        if not answer.granted:
-            return answer.refused_by or "budget"
-        decision = QuotaDecision(Reservation(
-            holds, draws, prompt_tokens + cap, _ceiling(answer, holds), limits.stop_streams,
-            price))
+                tried = await self._try(limits, prompt_tokens, cap, price, now)
+        if tried is None:
+            # The ledger did not answer. fail-open: sent without a reservation (the cap,
+            # which needs no ledger, still applies); fail-closed: not sent.
+            if self.failure_policy is FailurePolicy.FAIL_CLOSED:
+                raise LedgerUnavailable(self.ledger.backend)
+            self.outage.substituted()
+            decision = QuotaDecision()
+        else:
+            answer, holds, draws = tried
+            if not answer.granted:
+                refused = answer.refused_by or "budget"
+                return QuotaRefusal(refused, _refusal_headers(answer, holds, draws, refused, now))
+            decision = QuotaDecision(Reservation(
+                holds, draws, prompt_tokens + cap, _ceiling(answer, holds),
+                limits.stop_streams, price))
+            decision.headers = _token_headers(answer, draws, holds, prompt_tokens + cap, now)
         if cap != requested_cap:
             decision.max_tokens, decision.clamped_from = cap, requested_cap
-        decision.headers = _token_headers(answer, draws, holds, prompt_tokens + cap)
         return decision
 
-    async def _try(self, limits: _Limits, prompt_tokens: int, cap: int, price: Price | None,
-                   now: float) -> tuple[LedgerAnswer, list[Hold], list[Draw]]:
+    async def _ledger_reserve(self, holds: list[Hold], draws: list[Draw]) -> LedgerAnswer | None:
+        """The ledger's answer; None when it does not answer. While it is down, only one
+        request per ``RETRY_INTERVAL_SECONDS`` asks it (the rest do not wait on it)."""
+        now = self._monotonic()
+        if self.outage.is_down and now < self._next_try:
+            return None
+        self._next_try = now + RETRY_INTERVAL_SECONDS  # claimed before awaiting
+        try:
+            answer = await self.ledger.reserve(holds, draws)
+        except Exception as exc:  # whatever keeps the ledger from answering
+            self.outage.failed(exc)
+            return None
+        self.outage.recovered()
+        return answer
+
+    async def check(self) -> None:
+        """Ask the ledger now (for /readyz): an empty reservation, which takes nothing."""
+        try:
+            await asyncio.wait_for(self.ledger.reserve([], []), timeout=2.0)
+        except Exception as exc:  # any failure to answer is "not available"
+            self.outage.failed(exc)
+            return
+        self.outage.recovered()
+        self._next_try = 0.0
+
+    async def _try(self, limits: BudgetLimits, prompt_tokens: int, cap: int,
+                   price: Price | None, now: float,
+                   ) -> tuple[LedgerAnswer, list[Hold], list[Draw]] | None:
         tokens = prompt_tokens + cap
         usd = None
         if price is not None:
@@ -185,11 +296,16 @@ class Quotas:
                     holds.append(Hold(f"tok:{owner}:{window}", count, tokens, end))
             if budget.tokens_per_minute:
                 draws.append(Draw(f"tpm:{owner}", budget.tokens_per_minute, tokens))
-        answer = await self.ledger.reserve(holds, draws)
+        answer = await self._ledger_reserve(holds, draws)
+        if answer is None:
+            return None
         self._note_ratios(answer, holds)
         return answer, holds, draws
 
     async def settle(self, reservation: Reservation, tokens: int, usd: Decimal | None) -> None:
+        """Book what was spent. A failure is raised (the engine logs it, off the request
+        path); it does not count as the ledger being down: only reservations decide that,
+        or a settlement that fails for another reason would send requests unreserved."""
         spent_usd = usd_units(usd) if usd is not None else 0
         spent = [spent_usd if hold.name.startswith("usd:") else tokens
                  for hold in reservation.holds]
@@ -212,27 +328,53 @@ def _ceiling(answer: LedgerAnswer, holds: list[Hold]) -> int | None:
     return min(usd_left) if usd_left else None
 
 
-def _token_headers(answer: LedgerAnswer, draws: list[Draw], holds: list[Hold],
-                   tokens: int) -> list[tuple[str, str]]:
-    """OpenAI's token rate-limit headers: the per-minute bucket when there is one, else the
-    tightest token budget."""
+def _token_headers(answer: LedgerAnswer, draws: list[Draw], holds: list[Hold], taken: int,
+                   now: float, limit_name: str | None = None) -> list[tuple[str, str]]:
+    """OpenAI's token rate-limit headers, after ``taken`` tokens were reserved: of the
+    limit ``limit_name`` when it is a token one, else of the per-minute bucket when there is
+    one, else of the tightest token budget. The reset is OpenAI's: until the limit is back
+    to its initial state (the bucket full; the budget's window over)."""
     left = answer.left or {}
-    if draws:
-        draw = min(draws, key=lambda d: left.get(d.name, d.capacity))
-        limit, remaining = draw.capacity, left.get(draw.name, draw.capacity) - tokens
-        reset = 60.0 * max(0, tokens) / draw.capacity
-    else:
+    draw = next((d for d in draws if d.name == limit_name), None)
+    hold = next((h for h in holds if h.name == limit_name and h.name.startswith("tok:")), None)
+    if draw is None and hold is None:
         token_holds = [h for h in holds if h.name.startswith("tok:")]
-        if not token_holds:
+        if draws:
+            draw = min(draws, key=lambda d: left.get(d.name, d.capacity))
+        elif token_holds:
+            hold = min(token_holds, key=lambda h: left.get(h.name, h.limit))
+        else:
             return []
-        hold = min(token_holds, key=lambda h: left.get(h.name, h.limit))
-        limit, remaining = hold.limit, left.get(hold.name, hold.limit) - tokens
-        reset = max(0.0, hold.expires_at - time.time())
+    if draw is not None:
+        limit, remaining = draw.capacity, left.get(draw.name, draw.capacity) - taken
+        reset = 60.0 * (draw.capacity - max(0, remaining)) / draw.capacity
+    else:
+        assert hold is not None
+        limit, remaining = hold.limit, left.get(hold.name, hold.limit) - taken
+        reset = max(0.0, hold.expires_at - now)
     return [
         ("x-ratelimit-limit-tokens", str(limit)),
         ("x-ratelimit-remaining-tokens", str(max(0, remaining))),
         ("x-ratelimit-reset-tokens", _duration(reset)),
     ]
+
+
+def _refusal_headers(answer: LedgerAnswer, holds: list[Hold], draws: list[Draw],
+                     refused: str, now: float) -> list[tuple[str, str]]:
+    """A refusal's headers: the token headers (nothing was taken), and ``retry-after``:
+    when the refusing bucket holds the request's tokens again (a request larger than the
+    bucket never fits: a full refill, 60 s), or when the refusing budget's window resets."""
+    headers = _token_headers(answer, draws, holds, 0, now, refused)
+    draw = next((d for d in draws if d.name == refused), None)
+    hold = next((h for h in holds if h.name == refused), None)
+    if draw is not None:
+        short = min(draw.amount, draw.capacity) - (answer.left or {}).get(draw.name, 0)
+        wait = 60.0 * max(0, short) / draw.capacity
+    elif hold is not None:
+        wait = hold.expires_at - now
+    else:
+        return headers
+    return [*headers, ("retry-after", str(max(1, math.ceil(wait))))]
 
 
 def _duration(seconds: float) -> str:

@@ -10,11 +10,18 @@ segments while it lives, so at start-up any segment nobody holds is a dead proce
 its finished records are replayed (the store ignores a record it has, by request id), and
 a request it admitted but never finished becomes a record of its own
 (``gateway_interrupted``). Exactly one record per admitted request, whatever happened.
+
+The spool never fails a request: a line it cannot write (a full or read-only disk, a
+directory gone) is counted, logged once per failure period, and its record reaches the
+database from memory only; a write is tried again once every ``RETRY_SECONDS`` until one
+succeeds. At start-up, though, a spool that cannot be written is a setting to fix
+(``check``): a gateway that cannot keep its no-loss promise says so before it serves.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -26,11 +33,26 @@ from pathlib import Path
 
 from llm_gateway import jsonio
 from llm_gateway.billing.records import UsageRecord
+from llm_gateway.config import ConfigError
 
 log = logging.getLogger("llm_gateway.billing")
 
 ROTATE_SECONDS = 2.0
+# While the spool cannot be written, one line in this long tries again (the others do not
+# pay for a failing system call each).
+RETRY_SECONDS = 1.0
 _PREFIX = "usage-"
+
+
+class SpoolUnwritable(ConfigError):
+    """USAGE_SPOOL_DIR cannot be written: said at start-up, in one line."""
+
+    def __init__(self, directory: Path, error: OSError) -> None:
+        super().__init__(
+            "USAGE_SPOOL_DIR",
+            f"the usage spool {directory} cannot be written ({error.strerror or error}); "
+            "give it a writable directory that outlives the process (a volume)",
+        )
 
 
 @dataclass(slots=True)
@@ -39,6 +61,7 @@ class _Segment:
     fd: int
     open_requests: set[str] = field(default_factory=set)  # admitted here, not finished
     unwritten: int = 0  # finished records here the database does not have yet
+    torn: bool = False  # the last write stopped mid-line: the next starts a new line
 
 
 class Spool:
@@ -50,6 +73,17 @@ class Spool:
         self._where: dict[str, _Segment] = {}  # request id -> the segment that admitted it
         self._opened_at = 0.0
         self.lines = 0
+        self.failures = 0  # lines (admissions, finished records) that could not be written
+        self._broken_since: float | None = None  # the spool cannot be written since then
+        self._retry_at = 0.0
+
+    def check(self) -> None:
+        """At start-up: the spool can be written (its first segment is opened), else
+        SpoolUnwritable."""
+        try:
+            self._current()
+        except OSError as exc:
+            raise SpoolUnwritable(self.directory, exc) from None
 
     # ---- writing ----------------------------------------------------------------------
 
@@ -60,8 +94,17 @@ class Spool:
             self._sequence += 1
             name = f"{_PREFIX}{os.getpid()}-{self._tag}-{self._sequence}.jsonl"
             path = self.directory / name
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours while we live
+            # Made under a name ``orphans`` does not look at, and named only once locked:
+            # another process starting now must never take it for a dead one's.
+            hidden = self.directory / f".{name}"
+            fd = os.open(hidden, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours while we live
+                os.rename(hidden, path)
+            except OSError:
+                os.close(fd)
+                hidden.unlink(missing_ok=True)
+                raise
             self._segments.append(_Segment(path, fd))
             self._opened_at = now
             self._collect()
@@ -69,30 +112,65 @@ class Spool:
 
     def _append(self, segment: _Segment, line: dict[str, UsageRecord]) -> None:
         # The record as its JSON object (money as text), the form from_json reads back.
-        os.write(segment.fd, jsonio.dumps(line) + b"\n")
+        data = jsonio.dumps(line) + b"\n"
+        if segment.torn:
+            data = b"\n" + data  # the cut line stays unreadable; this one stays whole
+        written = os.write(segment.fd, data)
+        segment.torn = written < len(data)
+        if segment.torn:  # the disk filled up mid-line
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         self.lines += 1
+
+    def _write(self, line: dict[str, UsageRecord]) -> _Segment | None:
+        """Append one line; the segment it is in, or None when the spool cannot be
+        written: never an exception, for no request may fail on the spool."""
+        broken_since = self._broken_since
+        if broken_since is not None and time.monotonic() < self._retry_at:
+            self.failures += 1
+            return None
+        try:
+            segment = self._current()
+            self._append(segment, line)
+        except OSError as exc:
+            now = time.monotonic()
+            self.failures += 1
+            self._retry_at = now + RETRY_SECONDS
+            if broken_since is None:
+                self._broken_since = now
+                log.error("usage spool %s cannot be written (%s): serving on, usage records "
+                          "go to the database from memory only (a crash now loses those not "
+                          "written yet)", self.directory, exc.strerror or type(exc).__name__)
+            return None
+        if broken_since is not None:
+            log.warning("usage spool %s can be written again, after %.1fs",
+                        self.directory, time.monotonic() - broken_since)
+            self._broken_since = None
+        return segment
 
     def admitted(self, record: UsageRecord) -> None:
         """A request was admitted; ``record`` is what is known of it so far."""
-        segment = self._current()
-        self._append(segment, {"admitted": record})
-        segment.open_requests.add(record.request_id)
-        self._where[record.request_id] = segment
+        segment = self._write({"admitted": record})
+        if segment is not None:
+            segment.open_requests.add(record.request_id)
+            self._where[record.request_id] = segment
 
-    def finished(self, record: UsageRecord) -> _Segment:
-        """The request's record; returns the segment to report it written against."""
-        segment = self._current()
-        self._append(segment, {"finished": record})
-        segment.unwritten += 1
+    def finished(self, record: UsageRecord) -> _Segment | None:
+        """The request's record; returns the segment to report it written against (None:
+        it could not be spooled, memory alone holds it)."""
         admitted_in = self._where.pop(record.request_id, None)
         if admitted_in is not None:
             admitted_in.open_requests.discard(record.request_id)
+        segment = self._write({"finished": record})
+        if segment is not None:
+            segment.unwritten += 1
         return segment
 
-    def written(self, segments: list[_Segment]) -> None:
-        """These records (one segment per record) are in the database now."""
+    def written(self, segments: list[_Segment | None]) -> None:
+        """These records (one segment per record; None: not in the spool) are in the
+        database now."""
         for segment in segments:
-            segment.unwritten -= 1
+            if segment is not None:
+                segment.unwritten -= 1
         self._collect()
 
     @property

@@ -45,6 +45,8 @@ from llm_gateway.k8s.settings import (
     RESOURCE_ANNOTATIONS,
     SIDECAR_CONTAINER_NAME,
     SIDECAR_UID,
+    SPOOL_DIR,
+    SPOOL_VOLUME,
     STATUS_ANNOTATION,
     STATUS_INJECTED,
     SYSTEM_NAMESPACES,
@@ -362,6 +364,7 @@ def _sidecar_env(settings: InjectorSettings) -> list[dict[str, Any]]:
         },
         # The root file system is read-only; libraries that write under $HOME get /tmp.
         {"name": "HOME", "value": "/tmp"},
+        {"name": "USAGE_SPOOL_DIR", "value": SPOOL_DIR},
     ]
     if settings.config_map:
         env.append({"name": "LLM_GATEWAY_CONFIG", "value": f"{CONFIG_DIR}/{CONFIG_FILE_KEY}"})
@@ -373,6 +376,7 @@ def _sidecar_mounts(settings: InjectorSettings) -> list[dict[str, Any]]:
         {"name": CA_VOLUME, "mountPath": CA_DIR, "readOnly": bool(settings.ca_secret)},
         {"name": CA_BUNDLE_VOLUME, "mountPath": CA_BUNDLE_DIR},
         {"name": TMP_VOLUME, "mountPath": "/tmp"},
+        {"name": SPOOL_VOLUME, "mountPath": SPOOL_DIR},
     ]
     if settings.config_map:
         mounts.append({"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True})
@@ -411,6 +415,8 @@ def _pod_volumes(settings: InjectorSettings) -> list[dict[str, Any]]:
         # Public roots plus the gateway CA: a few hundred KiB.
         {"name": CA_BUNDLE_VOLUME, "emptyDir": {"sizeLimit": "4Mi"}},
         {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}},
+        # Usage records only while the database does not take them: about 1 KiB each.
+        {"name": SPOOL_VOLUME, "emptyDir": {"sizeLimit": "256Mi"}},
     ]
     if settings.config_map:
         volumes.append({"name": CONFIG_VOLUME, "configMap": {"name": settings.config_map}})

@@ -42,11 +42,16 @@ SIDECAR_CONTAINER_NAME = "llm-gateway-sidecar"
 CA_VOLUME = "llm-gateway-ca"
 CA_BUNDLE_VOLUME = "llm-gateway-ca-bundle"
 TMP_VOLUME = "llm-gateway-tmp"
+SPOOL_VOLUME = "llm-gateway-spool"
 CONFIG_VOLUME = "llm-gateway-config"
 CA_DIR = "/etc/llm-gateway/ca"
 CA_BUNDLE_DIR = "/var/run/llm-gateway"
 CA_BUNDLE_FILE = f"{CA_BUNDLE_DIR}/ca-bundle.pem"
 CONFIG_DIR = "/etc/llm-gateway/config"
+# Where the sidecar's usage records wait for the database (USAGE_SPOOL_DIR): an emptyDir,
+# since the root file system is read-only; it outlives a restart of the sidecar container,
+# so the next one replays what a killed one left.
+SPOOL_DIR = "/var/lib/llm-gateway/spool"
 CONFIG_FILE_KEY = "gateway.yaml"
 DEFAULT_GATEWAY_KEY_SECRET_KEY = "api-key"
 # The image's non-root user (sidecar/Dockerfile). runAsNonRoot can only be verified by the

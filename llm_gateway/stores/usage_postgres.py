@@ -123,9 +123,10 @@ class UsagePostgresMixin:
                 self.__dict__.setdefault("_known_partitions", set()).discard(partition)
         return dropped
 
-    async def drop_usage_before(self, day: date) -> int:
-        """Retention: whole day partitions before ``day`` go."""
-        return len(await self.drop_usage_partitions_before(day))
+    async def drop_usage_before(self, day: date) -> str:
+        """Retention: whole day partitions before ``day`` go; says which, for the log."""
+        dropped = await self.drop_usage_partitions_before(day)
+        return f"{len(dropped)} day partitions ({', '.join(dropped) or 'none'})"
 
     async def usage_records(self) -> list[UsageRecord]:
         """All records, oldest first: for tests and tools (reports aggregate in SQL)."""

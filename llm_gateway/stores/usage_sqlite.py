@@ -87,9 +87,9 @@ class UsageSqliteMixin:
         """A read-only query over usage records (the reports' SQL)."""
         return await self._run(lambda db: db.execute(sql, params).fetchall())  # type: ignore[no-any-return]
 
-    async def drop_usage_before(self, day: date) -> int:
-        """Retention: records of days before ``day`` (UTC) go."""
+    async def drop_usage_before(self, day: date) -> str:
+        """Retention: records of days before ``day`` (UTC) go; says how many, for the log."""
         cutoff = datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp()
         cursor = await self._run(lambda db: db.execute(
             "DELETE FROM usage_records WHERE started_at < ?", (cutoff,)))
-        return int(cursor.rowcount)
+        return f"{cursor.rowcount} records"

@@ -137,7 +137,7 @@ class StateCollector:
 
     def __init__(self, *, target_states: Callable[[], Mapping[str, str]],
                  bulkheads: Callable[[], Iterable[tuple[str, int, int]]],
-                 spool: Callable[[], tuple[int, int, int]],
+                 spool: Callable[[], tuple[int, int, int, int]],
                  budgets: Callable[[], Iterable[tuple[str, str, str, float]]]) -> None:
         self._target_states = target_states
         self._bulkheads = bulkheads
@@ -172,7 +172,7 @@ class StateCollector:
         yield budgets
 
     def _spool_metrics(self) -> Iterator[Metric]:
-        spooled, replayed, pending = self._spool()
+        spooled, replayed, pending, failures = self._spool()
         yield CounterMetricFamily("llm_gateway_usage_spooled",
                                   "Usage records the database could not take at first",
                                   value=spooled)
@@ -180,3 +180,6 @@ class StateCollector:
                                   "Usage records written from the spool", value=replayed)
         yield GaugeMetricFamily("llm_gateway_usage_spool_pending",
                                 "Usage records waiting for the database", value=pending)
+        yield CounterMetricFamily("llm_gateway_usage_spool_failures",
+                                  "Usage spool lines that could not be written (their records "
+                                  "went to the database from memory only)", value=failures)
