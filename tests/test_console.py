@@ -1,8 +1,8 @@
 """The web console in a real headless Chromium (Debian's, driven by Playwright): sign in,
 create a key and read it once, use it with the openai SDK, see it in usage and the
 overview, set a budget and see its progress bar, revoke the key. Each page's load time
-with 10 000 usage records and 1 000 keys is printed against the 300 ms goal. Screenshots of each page go to the
-test's temporary directory (and, with SAVE_SCREENSHOTS_TO set, there too)."""
+with 10 000 usage records and 1 000 keys is printed against the 300 ms goal. Screenshots
+of each page go to the test's temporary directory (and, with SAVE_SCREENSHOTS_TO set, there too)."""
 
 from __future__ import annotations
 

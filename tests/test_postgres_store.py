@@ -259,3 +259,23 @@ def test_gateway_survives_the_database_dropping_every_connection(  # type: ignor
     with psycopg.connect(postgres_url) as conn:
         row = conn.execute("SELECT request_count FROM rate_limit_windows").fetchone()
     assert row is not None and row[0] + limiter.outage.substitutions == 4
+
+
+def test_the_postgres_ledger_releases_holds_and_books_spend(postgres_url: str) -> None:
+    """Migration 6: llmg_settle runs (migration 5's failed at every call, so reservations
+    were never released and spend never booked)."""
+    from llm_gateway.billing.ledger import Draw, Hold
+    from llm_gateway.billing.ledger_postgres import PostgresLedger
+
+    async def reserve_settle_reserve(store: PostgresStore) -> list[bool]:
+        ledger = PostgresLedger(store)
+        day = Hold("tok:key:k:d1", 100, 60, time.time() + 3600)
+        tpm = Draw("tpm:key:k", 1000, 60)
+        first = await ledger.reserve([day], [tpm])
+        # Holding 60 of 100, a second hold of 60 cannot fit until the first is settled.
+        refused = await ledger.reserve([day], [tpm])
+        await ledger.settle([day], [10], [tpm], [10])
+        after = await ledger.reserve([day], [tpm])  # 10 spent + 60 held, of 100
+        return [first.granted, refused.granted, after.granted]
+
+    assert with_store(postgres_url, reserve_settle_reserve) == [True, False, True]

@@ -505,4 +505,38 @@ MIGRATIONS: tuple[Migration, ...] = (
         END $$;
         """,
     ),
+    Migration(
+        6,
+        "llmg_settle that runs: its parameters no longer clash with the columns it updates",
+        # Migration 5's llmg_settle named unnest's columns after its own parameters, which
+        # Postgres refuses at the first call: reservations were never released and spend
+        # never booked. Same signature, so callers are unchanged.
+        sqlite="SELECT 1;",
+        postgres="""
+        CREATE OR REPLACE FUNCTION llmg_settle(
+            names TEXT[], held BIGINT[], spent BIGINT[], expires TIMESTAMPTZ[],
+            buckets TEXT[], capacities BIGINT[], drawn BIGINT[], used BIGINT[]
+        ) RETURNS VOID LANGUAGE plpgsql AS $$
+        DECLARE
+            i INTEGER;
+            now_ TIMESTAMPTZ := clock_timestamp();
+        BEGIN
+            INSERT INTO quota_counters (name, expires_at)
+                SELECT * FROM unnest(names, expires) ON CONFLICT (name) DO NOTHING;
+            UPDATE quota_counters c
+                SET reserved = greatest(0, c.reserved - a.held_now), spent = c.spent + a.spent_now
+                FROM unnest(llmg_settle.names, llmg_settle.held, llmg_settle.spent)
+                    AS a(counter, held_now, spent_now)
+                WHERE c.name = a.counter;
+            FOR i IN 1 .. coalesce(array_length(buckets, 1), 0) LOOP
+                UPDATE quota_buckets SET
+                    level = least(capacities[i]::double precision, level
+                                  + extract(epoch FROM now_ - at) * capacities[i] / 60.0
+                                  + drawn[i] - used[i]),
+                    at = now_
+                    WHERE name = buckets[i];
+            END LOOP;
+        END $$;
+        """,
+    ),
 )
