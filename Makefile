@@ -14,10 +14,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/llm-gateway demo
 
+# One pytest worker per core (TEST_WORKERS=0 runs them in this process, for pdb).
+TEST_WORKERS ?= auto
+
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 # The whole comparison (several minutes): table on stdout, JSON + PNG in bench/results/.
 bench: $(STAMP)

@@ -142,8 +142,10 @@ def test_a_spool_that_breaks_later_fails_no_request_and_loses_no_record(
     with Gateway(settings) as gw:
         key = gw.key()[1]
         ids = [chat(gw.url, key).headers["x-request-id"]]
-        shutil.rmtree(spool)
+        # Moved away in one step (the writer rotates segments meanwhile), then replaced.
+        spool.rename(tmp_path / "spool-gone")
         spool.write_text("the disk went read-only")  # every new segment now fails
+        shutil.rmtree(tmp_path / "spool-gone", ignore_errors=True)
         for _ in range(5):
             response = chat(gw.url, key)
             assert response.status_code == 200, response.text

@@ -31,6 +31,11 @@ def bomb() -> bytes:
     return gzip.compress(b"{" + b" " * (200 * 1024 * 1024) + b"}")  # 200 MiB from ~200 KiB
 
 
+@functools.cache
+def stream_bomb() -> bytes:
+    return gzip.compress(b"data: " + b"y" * (200 * 1024 * 1024) + b"\n\n")
+
+
 async def _echo_key(request: web.Request) -> web.Response:
     return web.json_response({"error": {"message": f"bad credentials: "
                                         f"{request.headers.get('authorization')}"}}, status=401)
@@ -74,7 +79,7 @@ async def _stream_bomb(request: web.Request) -> web.StreamResponse:
                                            "content-encoding": "gzip"})
     await response.prepare(request)
     with contextlib.suppress(ConnectionError):
-        await response.write(gzip.compress(b"data: " + b"y" * (200 * 1024 * 1024) + b"\n\n"))
+        await response.write(stream_bomb())
     return response
 
 
@@ -122,6 +127,9 @@ def rss_peak_kib(pid: int) -> int:
 
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[str]:
+    # Compressed before any gateway waits on them: on a busy machine, compressing 200 MiB
+    # inside the handler could outlast the gateway's first-byte timeout.
+    bomb(), stream_bomb()
     with hostile_upstream() as url:
         yield url
 
