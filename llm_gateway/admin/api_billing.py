@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
@@ -68,11 +69,21 @@ async def usage(
                                          "comma-separated for several (day,model)")] = "day",
     since: Annotated[str | None, Query(description="ISO 8601 or Unix seconds")] = None,
     until: Annotated[str | None, Query(description="ISO 8601 or Unix seconds")] = None,
+    top: Annotated[int | None, Query(ge=1, le=10_000, description=(
+        "only the N groups that cost most (most requests first among equal cost), "
+        "highest first"))] = None,
+    latency: Annotated[bool, Query(description=(
+        "false: latency_p50_ms and latency_p95_ms are null, and the report is cheaper "
+        "(they cost a sort per group)"))] = True,
 ) -> dict[str, Any]:
     groups = [name.strip() for name in by.split(",") if name.strip()]
     start = parse_time(since, "since") if since else None
     end = parse_time(until, "until") if until else None
-    rows = await service.usage(groups, start, end)
+    rows = await service.usage(groups, start, end, latency=latency)
+    if rows is not None and top is not None:
+        # A console card of the five keys that spend most should not carry a thousand.
+        rows = sorted(rows, key=lambda row: (Decimal(row["cost_usd"]), row["requests"]),
+                      reverse=True)[:top]
     return {"available": rows is not None, "by": groups, "since": start, "until": end,
             "rows": [_jsonable_row(row) for row in rows or []]}
 

@@ -79,7 +79,9 @@ async function refresh(results) {
   const chartSel = selection(state.group === "day" ? ["day"] : ["day", state.group]);
   const tableSel = selection([state.group]);
   const [chartRows, tableRows] = await Promise.all([
-    report({ by: chartSel.by, since }).then((r) => r.rows.filter(chartSel.keep)),
+    // The chart shows spend only: without latency percentiles, unless it is the table's report.
+    report({ by: chartSel.by, since, ...(chartSel.by === tableSel.by ? {} : { latency: false }) })
+      .then((r) => r.rows.filter(chartSel.keep)),
     report({ by: tableSel.by, since }).then((r) => r.rows.filter(tableSel.keep)),
   ]);
   if (!tableRows.length) {
