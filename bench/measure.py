@@ -100,7 +100,8 @@ FULL_PLAN = Plan(
     streams_per_round=10,
     held_shape=(64, 20),
     held_levels=(32, 64, 128, 256),
-    observability_rounds=5,
+    # The difference sought (tens of us) is within one round's noise (~100 us): many rounds.
+    observability_rounds=11,
     observability_budget=Budget(seconds=3),
     inprocess_requests=300,
     inprocess_round=20,

@@ -86,8 +86,15 @@ class RedisLedger:
         self._prefix = f"{namespace}:{{budgets}}:"
         self._shas: dict[str, str] = {}
 
+    def _sha(self, script: str) -> str:
+        """The script's SHA1, hashed once (every request runs a script)."""
+        sha = self._shas.get(script)
+        if sha is None:
+            sha = self._shas[script] = hashlib.sha1(script.encode()).hexdigest()
+        return sha
+
     async def _run(self, script: str, keys: list[str], args: list[int | str]) -> object:
-        sha = hashlib.sha1(script.encode()).hexdigest()
+        sha = self._sha(script)
         try:
             return await self._redis.evalsha(sha, len(keys), *keys, *args)  # type: ignore[misc]
         except NoScriptError:

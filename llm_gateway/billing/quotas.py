@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import calendar
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -95,7 +96,13 @@ class BudgetLimits:
 
 def windows(now: float) -> tuple[str, float, str, float]:
     """(day id, its end, month id, its end), UTC."""
-    moment = datetime.fromtimestamp(now, UTC)
+    return _windows_of_day(int(now // 86400))  # a Unix day is 86 400 s: no leap seconds
+
+
+@functools.lru_cache(maxsize=4)
+def _windows_of_day(day: int) -> tuple[str, float, str, float]:
+    """Worked out once per day (every reservation asks; datetime is not cheap)."""
+    moment = datetime.fromtimestamp(day * 86400, UTC)
     day_end = calendar.timegm((moment.year, moment.month, moment.day, 0, 0, 0)) + 86400
     last = calendar.monthrange(moment.year, moment.month)[1]
     month_end = calendar.timegm((moment.year, moment.month, last, 0, 0, 0)) + 86400
