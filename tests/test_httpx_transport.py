@@ -287,8 +287,9 @@ def test_an_unknown_credential_is_the_sdks_authentication_error(
 ) -> None:
     with pytest.raises(openai.AuthenticationError):
         engine.sync_client(key="llmg_not-a-key").chat.completions.create(**CHAT)
-    with pytest.raises(openai.NotFoundError):  # a path the engine does not serve
+    with pytest.raises(openai.NotFoundError) as not_served:  # a path the engine does not serve
         engine.sync_client(key="llmg_x").files.list()
+    assert not_served.value.response.headers["x-request-id"]
     assert fake.requests == []
 
 

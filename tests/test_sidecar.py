@@ -344,8 +344,11 @@ def test_rejections_never_reach_the_upstream(proxy: SidecarProcess, fake: FakeUp
             response = client.request(method, url, headers={"authorization": f"Bearer {key}"})
             assert_openai_error(response, 403, "endpoint_not_allowed")
             assert BILLING_SECRET not in response.text
+            assert response.headers["x-request-id"] and response.headers["x-trace-id"]
         too_large = {**CHAT, "padding": "x" * 1_100_000}
-        assert_openai_error(chat(client, VENICE, key, too_large), 413, "request_too_large")
+        refused = chat(client, VENICE, key, too_large)
+        assert_openai_error(refused, 413, "request_too_large")
+        assert refused.headers["x-request-id"]
         assert fake.requests == [] and fake.connections == 0
 
         limited = proxy.key(name="limited", rate_limit_requests=1)
@@ -489,8 +492,9 @@ def test_egress_policy_deny_refuses_other_hosts(
         assert head.startswith(b"HTTP/1.1 403"), head
         assert json.loads(head.partition(b"\r\n\r\n")[2])["error"]["code"] == "egress_denied"
         with sidecar.client() as client:
-            assert_openai_error(client.get(f"http://127.0.0.1:{http_port}/"), 403,
-                                "egress_denied")
+            denied = client.get(f"http://127.0.0.1:{http_port}/")
+            assert_openai_error(denied, 403, "egress_denied")
+            assert denied.headers["x-request-id"] and denied.headers["x-trace-id"]
             assert chat(client, VENICE, key).status_code == 200  # LLM hosts still work
 
 

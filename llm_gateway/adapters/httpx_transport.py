@@ -149,7 +149,9 @@ def _incoming(gateway: Gateway, request: httpx.Request, body: bytes,
     path = request.url.path
     relative = path[len(prefix):] if path.startswith(prefix + "/") else ""
     if gateway.endpoint_for(request.method, relative) is None:
-        return errors.not_found(request.method, path)
+        # Refused through the engine: ids, span, metric and log line, as on the wire.
+        return gateway.refuse(IncomingRequest(request.method, path, [], b"", ADAPTER_NAME),
+                              errors.not_found(request.method, path))
     headers = [(name.decode("latin-1").lower(), value.decode("latin-1"))
                for name, value in request.headers.raw if name.lower() != b"authorization"]
     principal = None

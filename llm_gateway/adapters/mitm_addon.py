@@ -199,7 +199,7 @@ class GatewayAddon:
                 return
             rejection = self.engine().egress_rejection(host, port)
             if rejection is not None:
-                _answer(flow, rejection)
+                self._refuse(flow, rejection)
         except Exception:
             log.exception("llm-gateway: CONNECT failed; refusing the tunnel")
             _answer_failure(flow)
@@ -211,7 +211,7 @@ class GatewayAddon:
                 # Plain HTTP to another host (TLS to one is never intercepted).
                 rejection = self.engine().egress_rejection(flow.request.host, flow.request.port)
                 if rejection is not None:
-                    _answer(flow, rejection)
+                    self._refuse(flow, rejection)
                 return
             flow.metadata[_STATE_KEY] = _LlmFlow(api_root)
             # Buffered, whatever stream_large_bodies says: no byte goes upstream before
@@ -220,7 +220,7 @@ class GatewayAddon:
             declared = flow.request.headers.get("content-length", "")
             limit = self.engine().settings.request_body_limit_bytes
             if declared.isdigit() and int(declared) > limit:
-                _answer(flow, self.engine().body_too_large())
+                self._refuse(flow, self.engine().body_too_large())
         except Exception:
             log.exception("llm-gateway: requestheaders failed; answering 500")
             _answer_failure(flow)
@@ -249,12 +249,22 @@ class GatewayAddon:
                 state.relay_token = None
             _answer_failure(flow)
 
+    def _refuse(self, flow: http.HTTPFlow, rejection: Rejection) -> None:
+        """Turned away before admission, through the engine: the answer carries the
+        request and trace ids, and the refusal has its span, metric and log line."""
+        request = flow.request
+        path, _, query = request.path.partition("?")
+        _answer(flow, self.engine().refuse(IncomingRequest(
+            method=request.method, path=path,
+            headers=[(name.lower(), value) for name, value in request.headers.items(multi=True)],
+            body=b"", adapter=ADAPTER_NAME, query=query), rejection))
+
     async def _admit(self, flow: http.HTTPFlow, state: _LlmFlow) -> None:
         request = flow.request
         path, _, query = request.path.partition("?")
         relative = self.engine().path_under_root(state.api_root, path)
         if relative is None:
-            _answer(flow, errors.endpoint_not_allowed(request.method, path))
+            self._refuse(flow, errors.endpoint_not_allowed(request.method, path))
             return
         body = request.raw_content or b""
         # Regular mode: the provider host the app called, the one interception decided on
