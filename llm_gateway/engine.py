@@ -149,6 +149,9 @@ class Gateway:
         await self._flush_touches()
         await self.relay.aclose()
         await self.limiter.close()
+        if self._tasks:  # settlements of the last records, before their ledger closes
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.quotas.ledger.close()
         await self.store.close()
         self.telemetry.shutdown()
         self._started = False
