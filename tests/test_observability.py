@@ -99,6 +99,7 @@ CONTRACT: dict[str, tuple[str, tuple[str, ...]]] = {
     "llm_gateway_usage_spooled_total": ("counter", ()),
     "llm_gateway_usage_replayed_total": ("counter", ()),
     "llm_gateway_usage_spool_pending": ("gauge", ()),
+    "llm_gateway_usage_spool_failures_total": ("counter", ()),
     "llm_gateway_budget_used_ratio": ("gauge", ("scope", "id", "window")),
     "llm_gateway_backend_up": ("gauge", ("component", "backend")),
 }
