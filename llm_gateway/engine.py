@@ -141,8 +141,6 @@ class Gateway:
         if self._touch_task is not None:
             self._touch_task.cancel()
         await self.routes.close()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.shared_health is not None:
             await self.shared_health.close()
         await self.usage.close()
