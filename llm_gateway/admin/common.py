@@ -149,7 +149,10 @@ class ServiceBase:
         self.store = store
         self.actor = actor
         self.settings = settings
-        self.environ = os.environ if environ is None else environ
+        # The environment the settings were read from (a process's own, unless a caller
+        # handed load_settings another): where provider keys named by api_key_env live.
+        self.environ = (environ if environ is not None else settings.environ
+                        if settings.environ is not None else os.environ)
         self.clock = clock
         self.gateway = gateway
 
