@@ -17,6 +17,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -37,7 +38,7 @@ from llm_gateway.cli.run import serve_settings
 from llm_gateway.config import ConfigError, load_settings, usable_cpus
 from llm_gateway.limits import Guard, MemoryRateLimiter
 from llm_gateway.limits.sqlite import SqliteRateLimiter, WorkersFile
-from llm_gateway.routing.health import HealthBook, Outcome, State
+from llm_gateway.routing.health import CLEAN, HealthBook, Outcome, State
 from llm_gateway.routing.shared_health import SharedHealth, SqliteEvidence
 from llm_gateway.routing.table import HealthPolicy
 from llm_gateway.testing.fake_upstream import FakeUpstream
@@ -428,6 +429,28 @@ async def test_one_workers_failures_keep_the_other_off_the_target(tmp_path: Path
     await shared[0].close()  # waits for what it publishes
     await shared[1].refresh()
     assert books[1].state("p/m") is State.DOWN
+    await shared[1].close()
+
+
+async def test_one_workers_429_puts_the_target_in_cooldown_for_the_other(tmp_path: Path) -> None:
+    path = tmp_path / "w.db"
+    with sqlite3.connect(path) as old:  # a file made before the cooldown was shared
+        old.execute("CREATE TABLE target_health (target TEXT PRIMARY KEY, failures INTEGER "
+                    "NOT NULL, successes INTEGER NOT NULL, degraded INTEGER NOT NULL, "
+                    "down_until REAL NOT NULL) WITHOUT ROWID")
+        old.execute("INSERT INTO target_health VALUES ('p/old', 1, 0, 0, 0.0)")
+    policy = HealthPolicy()
+    books = [HealthBook(policy), HealthBook(policy)]
+    shared = [SharedHealth(SqliteEvidence(WorkersFile(path)), book, lambda: ["p/m", "p/old"])
+              for book in books]
+    books[0].record("p/m", Outcome.RATE_LIMITED, retry_after=30)
+    shared[0].listener("p/m", Outcome.RATE_LIMITED, 30, CLEAN)
+    await asyncio.sleep(0)
+    await shared[0].close()  # waits for what it publishes
+    await shared[1].refresh()
+    assert books[1].rate_limited(["p/m", "p/old"]) == {"p/m"}
+    assert books[1].state("p/m") is not State.DOWN  # a 429 is a cooldown, never DOWN
+    assert books[1].evidence("p/old").failures == 1  # the old file's rows are kept
     await shared[1].close()
 
 

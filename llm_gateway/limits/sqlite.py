@@ -48,9 +48,12 @@ SCHEMA = (
     ) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS target_health (
         target TEXT PRIMARY KEY, failures INTEGER NOT NULL, successes INTEGER NOT NULL,
-        degraded INTEGER NOT NULL, down_until REAL NOT NULL
+        degraded INTEGER NOT NULL, down_until REAL NOT NULL,
+        limited_until REAL NOT NULL DEFAULT 0
     ) WITHOUT ROWID""",
 )
+# Columns added since a file was first made (the file outlives the version that made it).
+ADDED_COLUMNS = (("target_health", "limited_until", "REAL NOT NULL DEFAULT 0"),)
 
 
 class WorkersFile:
@@ -68,6 +71,9 @@ class WorkersFile:
         with self.transaction() as db:
             for statement in SCHEMA:
                 db.execute(statement)
+            for table, column, definition in ADDED_COLUMNS:
+                if column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
         db.execute("PRAGMA journal_mode=WAL")  # outside a transaction; kept by the file
 
     def acquire(self) -> sqlite3.Connection:

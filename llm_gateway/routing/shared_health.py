@@ -174,12 +174,13 @@ class SqliteEvidence:
     async def update(self, target: str, change: Change) -> None:
         try:
             with self._file.transaction() as db:
-                row = db.execute("SELECT failures, successes, degraded, down_until "
-                                 "FROM target_health WHERE target = ?", (target,)).fetchone()
+                row = db.execute(f"SELECT {_EVIDENCE_COLUMNS} FROM target_health "
+                                 "WHERE target = ?", (target,)).fetchone()
                 updated = change(_row_evidence(row) if row is not None else CLEAN)
-                db.execute("INSERT OR REPLACE INTO target_health VALUES (?, ?, ?, ?, ?)",
+                db.execute(f"INSERT OR REPLACE INTO target_health (target, {_EVIDENCE_COLUMNS}) "
+                           "VALUES (?, ?, ?, ?, ?, ?)",
                            (target, updated.failures, updated.successes, int(updated.degraded),
-                            updated.down_until))
+                            updated.down_until, updated.limited_until))
         except sqlite3.Error as exc:
             raise EvidenceUnavailable(type(exc).__name__) from exc
 
@@ -187,7 +188,7 @@ class SqliteEvidence:
         wanted = set(targets)
         try:
             with self._file.transaction() as db:
-                rows = db.execute("SELECT target, failures, successes, degraded, down_until "
+                rows = db.execute(f"SELECT target, {_EVIDENCE_COLUMNS} "
                                   "FROM target_health").fetchall()
         except sqlite3.Error as exc:
             raise EvidenceUnavailable(type(exc).__name__) from exc
@@ -216,7 +217,11 @@ def _evidence(row: dict[bytes, bytes]) -> Evidence:
     )
 
 
+# A 429's cooldown (limited_until) too: one worker's 429 keeps the others off the target.
+_EVIDENCE_COLUMNS = "failures, successes, degraded, down_until, limited_until"
+
+
 def _row_evidence(row: tuple) -> Evidence:
-    failures, successes, degraded, down_until = row
+    failures, successes, degraded, down_until, limited_until = row
     return Evidence(failures=failures, successes=successes, degraded=bool(degraded),
-                    down_until=down_until)
+                    down_until=down_until, limited_until=limited_until)
