@@ -169,9 +169,9 @@ class Relay:
             self.router.record(target, _FAILURE_OUTCOMES[failure.kind])
             failure.attempts = exchange.attempts
             return failure
-        return self._judge(exchange, target, response, last_chance, wait_left)
+        return await self._judge(exchange, target, response, last_chance, wait_left)
 
-    def _judge(self, exchange: Exchange, target: Target, response: UpstreamResponse,
+    async def _judge(self, exchange: Exchange, target: Target, response: UpstreamResponse,
                last_chance: bool, wait_left: float) -> UpstreamResponse | float | None:
         status = response.status
         if status == 429 or status == 408 or status >= 500:
@@ -190,19 +190,21 @@ class Relay:
             response.close()
             return None
         if status >= 400:
-            self._count_callers_failure(exchange)
+            await self._count_callers_failure(exchange)
         else:
             self.router.record(target, Outcome.SUCCESS)
         return response
 
-    def _count_callers_failure(self, exchange: Exchange) -> None:
-        """A 4xx the caller caused: no mark against the target, one against the key."""
+    async def _count_callers_failure(self, exchange: Exchange) -> None:
+        """A 4xx the caller caused: no mark against the target, one against the key,
+        counted before the answer goes (a caller's next request sees it: counted in the
+        background, a shared limiter could see that request first)."""
         table = exchange.plan.table
-        task = asyncio.ensure_future(self.limiter.take(
-            failed_requests_bucket(exchange.key.id), table.failed_requests_limit,
-            table.failed_requests_window_seconds,
-        ))
-        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        with contextlib.suppress(LimiterUnavailable):  # fail-closed: only the count lost
+            await self.limiter.take(
+                failed_requests_bucket(exchange.key.id), table.failed_requests_limit,
+                table.failed_requests_window_seconds,
+            )
 
     async def _admits(self, exchange: Exchange, provider: ProviderConfig) -> bool:
         """Room in the provider's bulkhead and its provider-wide windows (requests, then
