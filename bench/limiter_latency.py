@@ -90,13 +90,17 @@ async def main() -> None:
         from llm_gateway.limits.redis import RedisRateLimiter
 
         namespace = f"llmg-bench-{secrets.token_hex(4)}"
+        from redis.asyncio import Redis
+
         limiter = RedisRateLimiter(args.redis_url, namespace=namespace)
-        await limiter.redis.ping()
+        await limiter.ping()
+        operator = Redis.from_url(args.redis_url)  # the cleanup's own client
 
         async def cleanup() -> None:
-            keys = [key async for key in limiter.redis.scan_iter(f"{namespace}:*")]
+            keys = [key async for key in operator.scan_iter(f"{namespace}:*")]
             if keys:
-                await limiter.redis.delete(*keys)
+                await operator.delete(*keys)
+            await operator.aclose()
             await limiter.close()
 
         return limiter, cleanup

@@ -28,6 +28,7 @@ from llm_gateway.billing.metering import UsageRecord, UsageWriter
 from llm_gateway.billing.model import Price
 from llm_gateway.billing.prices import cost_of
 from llm_gateway.billing.quotas import (
+    BudgetLimits,
     BudgetsUnavailable,
     LedgerUnavailable,
     QuotaDecision,
@@ -337,43 +338,43 @@ class Gateway:
         model = payload["model"] if payload else None
         if model is not None and not key.allows_model(model):
             return errors.model_not_allowed(model)
-        limit = await self._limits(key)
-        if isinstance(limit, Rejection):
-            return limit
         plan = self._plan(endpoint, payload, request.called_host)
         if isinstance(plan, Rejection):
             return plan
-        quota = await self._reserve(key, plan, payload)
-        if isinstance(quota, Rejection):
-            return quota
+        try:  # a key store that does not answer: its policy (fail-open never raises)
+            budgets = await self.quotas.limits_for(key.id, key.subject_id) if payload else None
+        except BudgetsUnavailable:
+            return errors.key_store_unavailable()
+        if budgets is None:
+            limit, quota = await self._limits(key), None
+        else:  # both asked at once: one round trip's wait, not two
+            limit, quota = await asyncio.gather(self._limits(key),
+                                                self._reserve(budgets, plan, payload))
+            if isinstance(limit, Rejection) and isinstance(quota, QuotaDecision) \
+                    and quota.reservation is not None:  # not sent: nothing spent
+                self._background(self.quotas.settle(quota.reservation, 0, None))
+        for refusal in (limit, quota):  # the rate limit's first, as it was asked first
+            if isinstance(refusal, Rejection):
+                return refusal
         exchange = Exchange(request, endpoint, key, limit, payload, plan, self._finished, quota,
                             request_id=request_id, trace=current)
         self.usage.admitted(exchange.admission_record())
         return exchange
 
-    async def _reserve(self, key: KeyRecord, plan: Plan,
-                       payload: dict | None) -> QuotaDecision | Rejection | None:
-        """Reserve the request's estimate on its key's and subject's budgets (none: no
-        ledger call at all)."""
-        if payload is None:
-            return None
-        requested = payload.get("max_tokens") or payload.get("max_completion_tokens")
-        try:  # a backend that does not answer: its policy; fail-open never raises these
-            limits = await self.quotas.limits_for(key.id, key.subject_id)
-            if limits is None:
-                return None
+    async def _reserve(self, budgets: BudgetLimits, plan: Plan,
+                       payload: dict) -> QuotaDecision | Rejection:
+        try:  # the estimate on the key's and subject's budgets; the counters' policy
             decision = await self.quotas.reserve(
-                limits, prompt_tokens=estimate_prompt(payload), requested_cap=requested,
+                budgets, prompt_tokens=estimate_prompt(payload),
+                requested_cap=payload.get("max_tokens") or payload.get("max_completion_tokens"),
                 default_cap=plan.route.max_output_tokens,
                 targets=[(target.provider, target.model) for target in plan.targets],
             )
-        except BudgetsUnavailable:  # the key store, where budgets are kept
-            return errors.key_store_unavailable()
-        except LedgerUnavailable:  # the counters, on the limiter's backend
+        except LedgerUnavailable:
             return errors.budget_ledger_unavailable()
         if isinstance(decision, QuotaRefusal):
             if decision.limit == "cap":
-                return errors.max_tokens_too_large(limits.cap or 0)
+                return errors.max_tokens_too_large(budgets.cap or 0)
             if decision.limit.startswith("tpm:"):
                 return errors.tokens_per_minute_exceeded(decision.headers)
             return errors.insufficient_quota(decision.limit, decision.headers)

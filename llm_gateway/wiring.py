@@ -25,6 +25,7 @@ from llm_gateway.limits import MemoryRateLimiter, RateLimiter
 from llm_gateway.limits.failover import FailoverRateLimiter
 from llm_gateway.limits.sqlite import SqliteRateLimiter, WorkersFile
 from llm_gateway.outage import Outage, OutageCollector
+from llm_gateway.redis_scripts import RedisScripts
 from llm_gateway.relay import Relay
 from llm_gateway.routing.client import UpstreamClient
 from llm_gateway.routing.config import parse_routes
@@ -59,7 +60,8 @@ def build_gateway(
 ) -> Gateway:
     """The engine the settings describe; tests pass their own parts."""
     store = store or open_store(settings.database_url)
-    limiter = limiter or open_limiter(settings, store)
+    redis = RedisScripts(settings.redis_url) if settings.redis_url else None  # see open_limiter
+    limiter = limiter or open_limiter(settings, store, redis)
     auth = Authenticator(
         store, failure_policy=settings.auth_failure_policy, cache_seconds=key_cache_seconds,
         backend="postgres" if is_postgres_url(settings.database_url) else "sqlite",
@@ -81,7 +83,7 @@ def build_gateway(
         seed_prices = prices_from_settings(settings.prices)
     except PriceError as exc:
         raise ConfigError("prices", str(exc).removeprefix("prices: ")) from None
-    quotas = open_quotas(settings, store, auth)
+    quotas = open_quotas(settings, store, auth, redis)
     telemetry.watch(OutageCollector(_outages(auth, limiter, quotas)))
     relay = Relay(
         client or UpstreamClient(), router, limiter,
@@ -144,23 +146,24 @@ def workers_file(settings: Settings) -> Path | None:
     return Path(database).parent / f"{Path(database).stem}-workers.db"
 
 
-def open_quotas(settings: Settings, store: Store, auth: Authenticator) -> Quotas:
+def open_quotas(settings: Settings, store: Store, auth: Authenticator,
+                redis: RedisScripts | None = None) -> Quotas:
     """Budgets, kept in the key store (under its failure policy), counted where
     ``open_ledger`` says (under the failure policy of the limiter, which shares its
     backend)."""
     budgets = BudgetBook(store, outage=auth.outage, unavailable=(StoreUnavailable,))
-    return Quotas(open_ledger(settings, store), budgets, PriceBook(),
+    return Quotas(open_ledger(settings, store, redis), budgets, PriceBook(),
                   failure_policy=settings.rate_limit_failure_policy)
 
 
-def open_ledger(settings: Settings, store: Store) -> Ledger:
+def open_ledger(settings: Settings, store: Store, redis: RedisScripts | None = None) -> Ledger:
     """Where budgets are counted: Redis when REDIS_URL is set, else Postgres when the store
     is, else the workers' file with several workers, else in process (one gateway
     process: exact)."""
     if settings.redis_url:
         from llm_gateway.billing.ledger_redis import RedisLedger
 
-        return RedisLedger(settings.redis_url, namespace=settings.redis_namespace)
+        return RedisLedger(settings.redis_url, namespace=settings.redis_namespace, scripts=redis)
     if is_postgres_url(settings.database_url):
         from llm_gateway.billing.ledger_postgres import PostgresLedger
 
@@ -172,15 +175,18 @@ def open_ledger(settings: Settings, store: Store) -> Ledger:
     return MemoryLedger()
 
 
-def open_limiter(settings: Settings, store: Store) -> RateLimiter:
+def open_limiter(settings: Settings, store: Store,
+                 redis: RedisScripts | None = None) -> RateLimiter:
     """The limiter the settings name: Redis when REDIS_URL is set, else the Postgres
     fixed window when the store is Postgres, else the workers' file with several
-    workers, else in-process counting."""
+    workers, else in-process counting. ``redis``: the connection it shares with the
+    budget ledger, so that a request's two calls share a write and a read."""
     if settings.redis_url:
         from llm_gateway.limits.redis import RedisRateLimiter
 
         return FailoverRateLimiter(
-            RedisRateLimiter(settings.redis_url, namespace=settings.redis_namespace),
+            RedisRateLimiter(settings.redis_url, namespace=settings.redis_namespace,
+                             scripts=redis),
             settings.rate_limit_failure_policy,
         )
     if is_postgres_url(settings.database_url):

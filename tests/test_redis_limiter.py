@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import redis
+import redis.asyncio
 from redis.crc import key_slot
 
 from llm_gateway.config import FailurePolicy, Settings
@@ -80,19 +81,21 @@ def test_script_is_loaded_once_and_again_after_noscript(tmp_path: Path) -> None:
     with private_redis(tmp_path) as server:
         async def run() -> RedisRateLimiter:
             limiter = RedisRateLimiter(server.url)
+            operator = redis.asyncio.Redis.from_url(server.url)
             try:
                 key_id = str(uuid.uuid4())
                 for _ in range(3):
                     assert (await limiter.take(key_id, 10, 60)).allowed
                 assert limiter.script_loads == 1
-                await limiter.redis.script_flush()  # as a restart or failover would
-                assert (await limiter.redis.script_exists(FIXED_WINDOW_SHA)) == [False]
+                await operator.script_flush()  # as a restart or failover would
+                assert (await operator.script_exists(FIXED_WINDOW_SHA)) == [False]
                 decision = await limiter.take(key_id, 10, 60)
                 assert decision.allowed and decision.remaining == 6  # the count survived
                 assert limiter.script_loads == 2
                 return limiter
             finally:
                 await limiter.close()
+                await operator.aclose()
 
         asyncio.run(run())
 

@@ -1,15 +1,15 @@
 """The ledger in Redis: one Lua script reserves, another settles, each atomic on the server
-(and on its clock, for the token buckets). Every budget key carries one hash tag, so the
-scripts run unchanged on Redis Cluster (all budgets then live in one slot)."""
+(and on its clock, for the token buckets), run through llm_gateway.redis_scripts (one
+pipelined connection: both are on every budgeted request's path). Every budget key
+carries one hash tag, so the scripts run unchanged on Redis Cluster (all budgets then live
+in one slot)."""
 
 from __future__ import annotations
 
-import hashlib
-
-from redis.asyncio import Redis
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 
 from llm_gateway.billing.ledger import Draw, Hold, LedgerAnswer
+from llm_gateway.redis_scripts import RedisScripts, Script
 
 # ARGV: the number of holds, then (limit, amount, expire-at ms) per hold, then
 # (capacity, amount) per draw. KEYS: the holds' counters, then the draws' buckets.
@@ -77,29 +77,17 @@ end
 return 1
 """
 
+RESERVE, SETTLE = Script(RESERVE_SCRIPT), Script(SETTLE_SCRIPT)
+SETTLE_GRACE_SECONDS = 0.05
+
 
 class RedisLedger:
     backend = "redis"
 
-    def __init__(self, url: str, *, namespace: str = "llmg") -> None:
-        self._redis: Redis = Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=1.0)
+    def __init__(self, url: str, *, namespace: str = "llmg",
+                 scripts: RedisScripts | None = None) -> None:
+        self._scripts = scripts or RedisScripts(url)  # the limiter's, when wiring shares it
         self._prefix = f"{namespace}:{{budgets}}:"
-        self._shas: dict[str, str] = {}
-
-    def _sha(self, script: str) -> str:
-        """The script's SHA1, hashed once (every request runs a script)."""
-        sha = self._shas.get(script)
-        if sha is None:
-            sha = self._shas[script] = hashlib.sha1(script.encode()).hexdigest()
-        return sha
-
-    async def _run(self, script: str, keys: list[str], args: list[int | str]) -> object:
-        sha = self._sha(script)
-        try:
-            return await self._redis.evalsha(sha, len(keys), *keys, *args)  # type: ignore[misc]
-        except NoScriptError:
-            await self._redis.script_load(script)
-            return await self._redis.evalsha(sha, len(keys), *keys, *args)  # type: ignore[misc]
 
     async def reserve(self, holds: list[Hold], draws: list[Draw]) -> LedgerAnswer:
         keys = [self._prefix + hold.name for hold in holds] + [
@@ -109,7 +97,7 @@ class RedisLedger:
             args += [hold.limit, hold.amount, int(hold.expires_at * 1000)]
         for draw in draws:
             args += [draw.capacity, draw.amount]
-        granted, refused, left = await self._run(RESERVE_SCRIPT, keys, args)  # type: ignore[misc]
+        granted, refused, left = await self._scripts.run(RESERVE, keys, args)
         names = [hold.name for hold in holds] + [draw.name for draw in draws]
         refused_name = refused.decode() if isinstance(refused, bytes) else str(refused)
         return LedgerAnswer(bool(granted), refused_name.removeprefix(self._prefix) or None,
@@ -124,10 +112,12 @@ class RedisLedger:
             args += [hold.amount, amount, int(hold.expires_at * 1000)]
         for draw, amount in zip(draws, used, strict=True):
             args += [draw.capacity, draw.amount, amount]
-        await self._run(SETTLE_SCRIPT, keys, args)
+        # No request waits on a settlement: it rides along with the next request's calls
+        # (one write, one read for both), its budget held a few milliseconds longer.
+        await self._scripts.run(SETTLE, keys, args, grace=SETTLE_GRACE_SECONDS)
 
     async def close(self) -> None:
-        await self._redis.aclose()
+        await self._scripts.close()
 
 
 LedgerError = RedisError

@@ -199,14 +199,11 @@ class Quotas:
     async def limits_for(self, key_id: str, subject_id: str) -> BudgetLimits | None:
         """The budgets a request of this key is held to (None: none). Raises
         BudgetsUnavailable (the key store, under fail-closed)."""
-        found = await asyncio.gather(
-            self.budgets.budget(BudgetScope.KEY, key_id),
-            self.budgets.budget(BudgetScope.SUBJECT, subject_id),
-            return_exceptions=True)  # both awaited to the end: no failure left unretrieved
-        for outcome in found:
-            if isinstance(outcome, BaseException):
-                raise outcome
-        budgets = [budget for budget in found if isinstance(budget, Budget)]
+        # One after the other: both are cached nearly always, and two tasks would cost
+        # more than either lookup (this runs for every request with a body).
+        found = (await self.budgets.budget(BudgetScope.KEY, key_id),
+                 await self.budgets.budget(BudgetScope.SUBJECT, subject_id))
+        budgets = [budget for budget in found if budget is not None]
         if not budgets:
             return None
         caps = [b.max_output_tokens for b in budgets if b.max_output_tokens]

@@ -4,24 +4,20 @@ The script is the same epoch-aligned fixed window as the in-process and Postgres
 limiters (see llm_gateway.limits), so "N requests per window" is exact: N are admitted
 in a window however many replicas share it, and a refused request uses up nothing.
 
-The script is loaded once (SCRIPT LOAD) and called by its SHA (EVALSHA); a server that
-has lost its script cache (restart, failover, SCRIPT FLUSH) answers NOSCRIPT and the
-script is loaded again. Each key name carries a hash tag (``{key id}``), so every key a
-gateway key uses maps to one Redis Cluster slot and the script runs unchanged there.
+The script is called by its SHA (EVALSHA) through llm_gateway.redis_scripts (one pipelined
+connection: this is every request's path); a server that has lost its script cache
+(restart, failover, SCRIPT FLUSH) answers NOSCRIPT and the script is loaded again. Each
+key name carries a hash tag (``{key id}``), so every key a gateway key uses maps to one
+Redis Cluster slot and the script runs unchanged there.
 """
 
 from __future__ import annotations
 
-import hashlib
-
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
 
 from llm_gateway.limits import Guard, LimitDecision, LimiterUnavailable, guarded
+from llm_gateway.redis_scripts import RedisScripts, Script
 
 # Times are integer milliseconds: Lua numbers are doubles, and the arguments Redis
 # converts with "%.14g" would round microseconds since the epoch (16 digits).
@@ -65,16 +61,8 @@ redis.call('HSET', KEYS[1], 'start', string.format('%.0f', start_ms), 'count', c
 redis.call('PEXPIRE', KEYS[1], string.format('%.0f', reset_ms + 1000))
 return {1, count, reset_ms}
 """
-FIXED_WINDOW_SHA = hashlib.sha1(FIXED_WINDOW_SCRIPT.encode()).hexdigest()
-
-# A limiter call sits on every request's path, so a Redis that does not answer must
-# fail over within seconds. Not faster: Redis answers in well under a millisecond, but a
-# busy replica's event loop can leave a reply unread for a good part of a second, and a
-# timeout then would wrongly hand the decision to the in-process fallback.
-SOCKET_TIMEOUT_SECONDS = 2.0
-CONNECT_TIMEOUT_SECONDS = 1.0
-MAX_CONNECTIONS = 32
-POOL_WAIT_SECONDS = 5.0
+FIXED_WINDOW = Script(FIXED_WINDOW_SCRIPT)
+FIXED_WINDOW_SHA = FIXED_WINDOW.sha
 
 
 def window_key(key_id: str, limit: int, window_seconds: int, namespace: str = "llmg") -> str:
@@ -89,45 +77,18 @@ def window_key(key_id: str, limit: int, window_seconds: int, namespace: str = "l
 class RedisRateLimiter:
     backend = "redis"
 
-    def __init__(self, url: str, *, namespace: str = "llmg") -> None:
+    def __init__(self, url: str, *, namespace: str = "llmg",
+                 scripts: RedisScripts | None = None) -> None:
         self.namespace = namespace
-        # A bounded pool: dozens of replicas must not open thousands of connections
-        # between them; a burst waits briefly for a connection instead.
-        pool = BlockingConnectionPool.from_url(
-            url,
-            max_connections=MAX_CONNECTIONS,
-            timeout=POOL_WAIT_SECONDS,
-            socket_timeout=SOCKET_TIMEOUT_SECONDS,
-            socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
-            # One quick retry, on a broken connection only: after a Redis restart the
-            # pooled connection is dead and the next one is not. Never on a timeout: the
-            # script may have run, and running it again would count the request twice.
-            retry=Retry(ExponentialBackoff(cap=0.05, base=0.005), 1,
-                        supported_errors=(RedisConnectionError,)),
-        )
-        self.redis: Redis = Redis.from_pool(pool)  # owns the pool: aclose() closes it
-        self._loaded = False
-        self.script_loads = 0  # how often the script was (re)loaded: tests, diagnostics
+        # One pipelined connection, not a pool (dozens of replicas open one each), shared
+        # with the budget ledger when wiring passes it. A Redis that does not answer fails
+        # over within its 2 s reply timeout.
+        self.scripts = scripts or RedisScripts(url)
 
-    async def _load_script(self) -> None:
-        sha = await self.redis.script_load(FIXED_WINDOW_SCRIPT)
-        assert sha == FIXED_WINDOW_SHA, "Redis hashed the script differently"
-        self._loaded = True
-        self.script_loads += 1
-
-    async def _call(self, keys: list[str], args: list[int]) -> list[int]:
-        if not self._loaded:
-            await self._load_script()
-        try:
-            return await self.redis.evalsha(  # type: ignore[no-any-return]
-                FIXED_WINDOW_SHA, len(keys), *keys, *args
-            )
-        except NoScriptError:
-            # The server lost its script cache (restart, failover, SCRIPT FLUSH).
-            await self._load_script()
-            return await self.redis.evalsha(  # type: ignore[no-any-return]
-                FIXED_WINDOW_SHA, len(keys), *keys, *args
-            )
+    @property
+    def script_loads(self) -> int:
+        """How often the script was (re)loaded: tests, diagnostics."""
+        return self.scripts.script_loads
 
     async def take(self, key_id: str, limit: int, window_seconds: int,
                    cost: int = 1, guard: Guard | None = None) -> LimitDecision:
@@ -138,9 +99,8 @@ class RedisRateLimiter:
                                    self.namespace))
             args += [guard.limit, guard.window_seconds]
         try:
-            allowed, count, reset_ms = await self._call(keys, args)
+            allowed, count, reset_ms = await self.scripts.run(FIXED_WINDOW, keys, args)
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            self._loaded = False  # a Redis that comes back may have lost the script
             raise LimiterUnavailable(self.backend, exc) from exc
         # The script already measured the time to the window's end on the server.
         if allowed == 2 and guard is not None:
@@ -150,10 +110,9 @@ class RedisRateLimiter:
 
     async def ping(self) -> None:
         try:
-            await self.redis.ping()
+            await self.scripts.ping()
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-            self._loaded = False
             raise LimiterUnavailable(self.backend, exc) from exc
 
     async def close(self) -> None:
-        await self.redis.aclose()
+        await self.scripts.close()
