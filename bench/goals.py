@@ -120,7 +120,10 @@ def _phase(name: str, *path: str) -> Callable[[Results], float | None]:
 
 
 def _budget_over_serve(results: Results) -> float | None:
-    """serve-budget's added latency at c=1 p50 minus plain serve's, in the same run."""
+    """serve-budget's added latency at c=1 p50 minus plain serve's, in the same run: from the
+    budget phase (request by request) when it ran, else from the table's rows."""
+    if (paired := _phase("budget", "added_ms", "p50")(results)) is not None:
+        return paired
     budget = _dig(results, "serve-budget", "latency_c1", "added_ms", "p50")
     plain = _dig(results, "serve", "latency_c1", "added_ms", "p50")
     return budget - plain if budget is not None and plain is not None else None

@@ -66,6 +66,7 @@ class Plan:
     held_levels: tuple[int, ...]
     # Access log json vs off (bench.phases.observability): rounds of a CPU measurement each.
     observability_rounds: int
+    budget_pairs: int  # the budget phase: requests to each of serve and serve-budget
     observability_budget: Budget
     # The in-process transport (bench.phases.inprocess): requests per leg, per round.
     inprocess_requests: int
@@ -102,6 +103,7 @@ FULL_PLAN = Plan(
     held_levels=(32, 64, 128, 256),
     # The difference sought (tens of us) is within one round's noise (~100 us): many rounds.
     observability_rounds=11,
+    budget_pairs=5000,
     observability_budget=Budget(seconds=3),
     inprocess_requests=300,
     inprocess_round=20,
@@ -125,6 +127,7 @@ QUICK_PLAN = Plan(
     held_shape=(8, 20),
     held_levels=(8,),
     observability_rounds=2,
+    budget_pairs=600,
     observability_budget=Budget(requests=300),
     inprocess_requests=60,
     inprocess_round=20,

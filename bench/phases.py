@@ -11,6 +11,9 @@ starts what it needs, measures, stops it and returns a JSON-ready dict:
   process free to use every CPU (issue 15).
 - ``streams``: thousands of paced streams at once through direct, `serve`, the reverse sidecar
   and LiteLLM, against ``bench.paced_upstream`` (issue 15; ``bench.streams``).
+- ``budget``: what holding a request to a budget (Redis limiter and ledger, prices) adds at
+  concurrency 1: `serve` and serve-budget side by side, one request to each in turn, so drift
+  and neighbours hit both alike (issue 11; the table's figures come minutes apart).
 
 A phase that cannot run here says why (``status: unavailable``), as a target does.
 """
@@ -18,6 +21,7 @@ A phase that cannot run here says why (``status: unavailable``), as a target doe
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import os
 import statistics
@@ -41,6 +45,8 @@ from bench.measure import (
     cpu_per_request,
     say,
 )
+from bench.procstat import cpu_seconds
+from bench.stats import summarize_latencies
 from bench.streams import StreamShape, hold_streams, stream_payload
 from bench.targets import (
     FAKE_API_ROOT,
@@ -58,7 +64,7 @@ from bench.targets import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-PHASE_NAMES = ("observability", "inprocess", "workers", "streams")
+PHASE_NAMES = ("observability", "inprocess", "workers", "streams", "budget")
 # The gateways the streams phase runs through, when the run measures them.
 STREAM_TARGETS = ("serve", "sidecar-reverse", "litellm")
 
@@ -414,9 +420,71 @@ def _added_gaps(results: dict[str, Any]) -> None:
             }
 
 
+# ---- budget: serve-budget against serve, request by request ---------------------------------
+
+
+def budget(context: Context) -> dict[str, Any]:
+    """Concurrency-1 latency of serve and serve-budget, one request to each in turn (which
+    goes first alternates), each on its own keep-alive connection: the difference of the
+    medians is what the budget path adds, with the machine's drift in both legs alike."""
+    environment = context.environment
+    pairs = context.plan.budget_pairs
+    with started(lambda: start_serve(environment, routed=True),
+                 lambda: start_target("serve-budget", environment, context.litellm_venv),
+                 ) as (plain, budgeted):
+        clients = {target.name: _KeepAlive(target) for target in (plain, budgeted)}
+        for _ in range(200):  # warm: connections, caches, the Redis scripts loaded
+            for client in clients.values():
+                client.send()
+        latencies: dict[str, list[float]] = {name: [] for name in clients}
+        cpu_before = {t.name: cpu_seconds(t.process.pid) for t in (plain, budgeted)
+                      if t.process is not None}
+        for turn in range(pairs):
+            order = list(clients) if turn % 2 else list(reversed(clients))
+            for name in order:
+                latencies[name].append(clients[name].send())
+        cpu_after = {t.name: cpu_seconds(t.process.pid) for t in (plain, budgeted)
+                     if t.process is not None}
+        notes = budgeted.notes
+    summaries = {name: summarize_latencies(values) for name, values in latencies.items()}
+    figures: dict[str, Any] = {"pairs": pairs, "notes": notes}
+    for name, summary in summaries.items():
+        figures[name] = {"latency_ms": summary.as_dict(), "cpu_per_request_us": round(
+            1e6 * (cpu_after[name] - cpu_before[name]) / pairs, 1)}
+    figures["added_ms"] = {
+        percentile: round(getattr(summaries["serve-budget"], percentile)
+                          - getattr(summaries["serve"], percentile), 3)
+        for percentile in ("p50", "p90", "p99")}
+    say(f"  serve-budget over serve at c=1: p50 +{figures['added_ms']['p50']} ms "
+        f"({pairs} pairs)")
+    return figures
+
+
+class _KeepAlive:
+    """One keep-alive connection sending the target's chat request; each answer's time. The
+    client's own cost is the same in both legs, so it cancels in the difference."""
+
+    def __init__(self, target: Target) -> None:
+        self.spec = target.chat_request()
+        self.connection = http.client.HTTPConnection(target.endpoint.host,
+                                                     target.endpoint.port, timeout=30)
+        self.name = target.name
+
+    def send(self) -> float:
+        started_at = time.perf_counter()
+        self.connection.request(self.spec.method, self.spec.path, self.spec.body,
+                                dict(self.spec.headers))
+        answer = self.connection.getresponse()
+        answer.read()
+        if answer.status != 200:
+            raise RuntimeError(f"{self.name} answered {answer.status}")
+        return time.perf_counter() - started_at  # seconds, as summarize_latencies takes
+
+
 PHASES: dict[str, Callable[[Context], dict[str, Any]]] = {
     "observability": observability,
     "inprocess": inprocess,
     "workers": workers,
     "streams": streams,
+    "budget": budget,
 }

@@ -241,6 +241,23 @@ def _budget_section(targets: Mapping[str, Figures]) -> Section | None:
                    [f"serve-budget: {'; '.join(budget.get('notes') or [])}"])
 
 
+def _budget_phase_section(phase: Mapping[str, Any]) -> Section:
+    title = "Budget phase: serve-budget against serve, request by request at c=1"
+    if (note := _status_note(phase)) is not None:
+        return Section(title, notes=[note])
+    rows = []
+    for p in ("p50", "p90", "p99"):
+        plain = (phase.get("serve") or {}).get("latency_ms", {}).get(p)
+        ours = (phase.get("serve-budget") or {}).get("latency_ms", {}).get(p)
+        rows.append([p, _num(plain, 3), _num(ours, 3), _num(phase["added_ms"].get(p), 3)])
+    cpu = [_num((phase.get(name) or {}).get("cpu_per_request_us"), 0)
+           for name in ("serve", "serve-budget")]
+    return Section(title, ("percentile", "serve ms", "serve-budget ms", "difference ms"), rows,
+                   [f"{phase.get('pairs')} pairs, the order alternating; CPU per request at "
+                    f"c=1: serve {cpu[0]} us, serve-budget {cpu[1]} us. The issue 11 goal "
+                    "reads this difference when the phase ran."])
+
+
 def _observability_section(phase: Mapping[str, Any]) -> Section:
     title = "Observability: CPU per request it adds (ACCESS_LOG json vs off, c=8)"
     if (note := _status_note(phase)) is not None:
@@ -340,7 +357,8 @@ def sections(document: Mapping[str, Any]) -> list[Section]:
     phases = document.get("phases") or {}
     found = [_routing_section(targets), _budget_section(targets)]
     builders = {"observability": _observability_section, "inprocess": _inprocess_section,
-                "workers": _workers_section, "streams": _streams_section}
+                "workers": _workers_section, "streams": _streams_section,
+                "budget": _budget_phase_section}
     for name, build in builders.items():
         if name in phases:
             found.append(build(phases[name]))

@@ -1,7 +1,7 @@
 """``python -m bench.run``: the whole comparison in one command.
 
     python -m bench.run [--quick] [--targets direct,serve,serve-budget,sidecar-reverse,...]
-                        [--phases observability,inprocess,workers,streams]
+                        [--phases observability,inprocess,workers,streams,budget]
                         [--streams N] [--stream-seconds S]
                         [--out bench/results] [--soak SECONDS] [--no-pin] [--python-client]
 

@@ -347,9 +347,9 @@ class Gateway:
             return errors.key_store_unavailable()
         if budgets is None:
             limit, quota = await self._limits(key), None
-        else:  # both asked at once: one round trip's wait, not two
-            limit, quota = await asyncio.gather(self._limits(key),
-                                                self._reserve(budgets, plan, payload))
+        else:  # both asked at once (one write, one round trip's wait), one task only
+            limiting = asyncio.ensure_future(self._limits(key))
+            quota, limit = await self._reserve(budgets, plan, payload), await limiting
             if isinstance(limit, Rejection) and isinstance(quota, QuotaDecision) \
                     and quota.reservation is not None:  # not sent: nothing spent
                 self._background(self.quotas.settle(quota.reservation, 0, None))

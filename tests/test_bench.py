@@ -67,7 +67,8 @@ def test_quick_run_prints_the_table_and_writes_json_png_and_markdown(tmp_path):
     assert document["run"]["fd_limit"] >= 1024
     assert document["machine"]["cpus"] >= 1 and document["machine"]["python"]
     assert list(document["targets"]) == targets
-    assert list(document["phases"]) == ["observability", "inprocess", "workers", "streams"]
+    assert list(document["phases"]) == ["observability", "inprocess", "workers", "streams",
+                                        "budget"]
     budget = document["targets"].pop("serve-budget")
     if redis_problem is None:
         assert budget["status"] == "ok", budget
@@ -87,8 +88,16 @@ def test_quick_run_prints_the_table_and_writes_json_png_and_markdown(tmp_path):
     assert goals["serve: added latency c=1 p50"]["measured"] is not None
     # Too few streams in a quick run to say anything about the 128-stream goal.
     assert goals["serve: paced streams held at once"]["met"] is None
+    paired = document["phases"]["budget"]
     if redis_problem is None:
-        assert goals["serve-budget: added c=1 p50 over serve's"]["measured"] is not None
+        assert paired["status"] == "ok", paired
+        assert paired["pairs"] == 600 and set(paired["added_ms"]) == {"p50", "p90", "p99"}
+        assert paired["serve-budget"]["cpu_per_request_us"] > 0
+        assert "Budget phase" in table
+        measured = goals["serve-budget: added c=1 p50 over serve's"]["measured"]
+        assert measured == pytest.approx(paired["added_ms"]["p50"], abs=0.01)
+    else:
+        assert paired["status"] == "unavailable" and "Redis" in paired["reason"]
 
     _check_phases(document["phases"], sidecar)
     observability = goals["observability: CPU per request it adds"]
