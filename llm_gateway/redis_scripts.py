@@ -13,8 +13,8 @@ path (shared health, tests, the CLI) and as the vocabulary of errors: callers ca
 
 One connection suffices: Redis runs commands one at a time anyway, and a pipelined
 connection carries well over 100 000 calls a second. It is opened at the first call and
-again after it breaks; a reply that takes longer than ``reply_timeout`` drops it (every
-call waiting on it fails: Redis is not answering). A call that finds its connection
+again after it breaks; while calls wait on it, no reply for ``reply_timeout`` drops it
+(every call waiting on it fails: Redis is not answering). A call that finds its connection
 already gone is tried once more on a new one (a Redis restart closes the old one); a call
 whose connection breaks after it was written is not (the script may have run).
 """
@@ -55,7 +55,10 @@ class _Pipe(asyncio.Protocol):
     """One connection: frames out in call order, replies back to the waiting calls in the
     same order (Redis answers a connection's commands in order)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reply_timeout: float = REPLY_TIMEOUT_SECONDS) -> None:
+        self._reply_timeout = reply_timeout
+        self._replies = 0  # replies read so far: the watchdog's evidence of life
+        self._watchdog: asyncio.TimerHandle | None = None
         self._reader = hiredis.Reader(replyError=ResponseError)
         self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
         self._transport: asyncio.Transport | None = None
@@ -77,14 +80,16 @@ class _Pipe(asyncio.Protocol):
             if not waiting:  # a reply nobody asked for: the stream is out of step
                 self.abort(RedisConnectionError("Redis sent a reply nobody asked for"))
                 return
+            self._replies += 1
             future = waiting.popleft()
             if not future.done():  # a caller that timed out is gone; its reply too
                 future.set_result(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self._flush is not None:
-            self._flush.cancel()
+        for handle in (self._flush, self._watchdog):
+            if handle is not None:
+                handle.cancel()
         failure = self._lost
         while self._waiting:
             future = self._waiting.popleft()
@@ -105,7 +110,23 @@ class _Pipe(asyncio.Protocol):
                 self._flush, self._flush_soon = loop.call_soon(self.write), True
         elif self._flush is None:
             self._flush = loop.call_later(grace, self.write)
+        if self._watchdog is None:
+            self._watchdog = loop.call_later(self._reply_timeout, self._watch, self._replies)
         return future
+
+    def _watch(self, replies_before: int) -> None:
+        """While calls wait, some reply must come within the reply timeout (Redis answers
+        in order, one command at a time): else Redis is not answering, and the connection
+        is dropped. One timer per connection, not one per call: this is every request's
+        path."""
+        self._watchdog = None
+        if not self._waiting or self.closed:
+            return
+        if self._replies == replies_before:
+            self.abort(RedisTimeoutError(f"Redis did not answer within {self._reply_timeout:g}s"))
+            return
+        self._watchdog = asyncio.get_running_loop().call_later(
+            self._reply_timeout, self._watch, self._replies)
 
     def write(self) -> None:
         """Write every frame waiting to go, in one write."""
@@ -193,24 +214,13 @@ class RedisScripts:
         if fresh:
             pipe = await self._connected()
         try:
-            return await self._reply(pipe, frame, grace)
+            return await pipe.call(frame, grace)  # its watchdog bounds the wait
         except RedisConnectionError:
             if fresh:
                 raise
         # A connection that had broken unnoticed (a Redis restart closes it): once more on
         # a new one, as redis-py retries a broken connection. Never after a timeout.
-        return await self._reply(await self._connected(), frame)
-
-    async def _reply(self, pipe: _Pipe, frame: bytes, grace: float = 0.0) -> Any:
-        future = pipe.call(frame, grace)
-        # A timer, not asyncio.timeout(): this is every request's path, and a timer
-        # handle costs a fraction of a timeout context.
-        timer = asyncio.get_running_loop().call_later(
-            self._reply_timeout, _expire, future, pipe, self._reply_timeout)
-        try:
-            return await future
-        finally:
-            timer.cancel()
+        return await (await self._connected()).call(frame)
 
     async def _connected(self) -> _Pipe:
         """The open connection, opened now if there is none; callers that arrive while it
@@ -246,8 +256,12 @@ class RedisScripts:
     async def _open(self) -> _Pipe:
         options = self._options
         loop = asyncio.get_running_loop()
+
+        def new_pipe() -> _Pipe:
+            return _Pipe(self._reply_timeout)
+
         if options.get("connection_class") is UnixDomainSocketConnection:
-            _, pipe = await loop.create_unix_connection(_Pipe, options["path"])
+            _, pipe = await loop.create_unix_connection(new_pipe, options["path"])
         else:
             tls = None
             if options.get("connection_class") is SSLConnection:
@@ -255,7 +269,7 @@ class RedisScripts:
                 if str(options.get("ssl_cert_reqs", "required")).lower() in ("none", "0"):
                     tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
             _, pipe = await loop.create_connection(
-                _Pipe, options.get("host", "localhost"), int(options.get("port", 6379)),
+                new_pipe, options.get("host", "localhost"), int(options.get("port", 6379)),
                 ssl=tls)
         handshake = []
         if options.get("password") is not None:
@@ -271,7 +285,3 @@ class RedisScripts:
                 raise RedisConnectionError(f"Redis refused the connection: {reply}")
         return pipe
 
-
-def _expire(future: asyncio.Future[Any], pipe: _Pipe, seconds: float) -> None:
-    if not future.done():
-        pipe.abort(RedisTimeoutError(f"Redis did not answer within {seconds:g}s"))

@@ -285,21 +285,16 @@ class Quotas:
         if price is not None:
             usd = usd_units((prompt_tokens * price.input_per_mtok
                              + cap * price.output_per_mtok) / MILLION)
-        day, day_end, month, month_end = windows(now)
         holds: list[Hold] = []
         draws: list[Draw] = []
         for budget in limits.budgets:
-            owner = f"{budget.scope.value}:{budget.scope_id}"
-            for limit, window, end in ((budget.daily_usd, day, day_end),
-                                       (budget.monthly_usd, month, month_end)):
-                if limit is not None and usd is not None:
-                    holds.append(Hold(f"usd:{owner}:{window}", usd_units(limit), usd, end))
-            for count, window, end in ((budget.daily_tokens, day, day_end),
-                                       (budget.monthly_tokens, month, month_end)):
-                if count is not None:
-                    holds.append(Hold(f"tok:{owner}:{window}", count, tokens, end))
-            if budget.tokens_per_minute:
-                draws.append(Draw(f"tpm:{owner}", budget.tokens_per_minute, tokens))
+            for kind, name, limit, end in _counters_of(budget, *windows(now)):
+                if kind == "tpm":
+                    draws.append(Draw(name, limit, tokens))
+                elif kind == "tok":
+                    holds.append(Hold(name, limit, tokens, end))
+                elif usd is not None:
+                    holds.append(Hold(name, limit, usd, end))
         answer = await self._ledger_reserve(holds, draws)
         if answer is None:
             return None
@@ -315,6 +310,27 @@ class Quotas:
                  for hold in reservation.holds]
         await self.ledger.settle(reservation.holds, spent, reservation.draws,
                                  [tokens] * len(reservation.draws))
+
+
+@functools.lru_cache(maxsize=4096)
+def _counters_of(budget: Budget, day: str, day_end: float, month: str,
+                 month_end: float) -> tuple[tuple[str, str, int, float], ...]:
+    """The counters a budget holds requests to in these windows: (kind, name, limit, window
+    end), kind "usd" (limit in 1e-10 USD), "tok" or "tpm" (a bucket; no end). Worked out
+    once per budget and day (budgets are cached objects; every reservation asks)."""
+    owner = f"{budget.scope.value}:{budget.scope_id}"
+    counters: list[tuple[str, str, int, float]] = []
+    for amount, window, end in ((budget.daily_usd, day, day_end),
+                                (budget.monthly_usd, month, month_end)):
+        if amount is not None:
+            counters.append(("usd", f"usd:{owner}:{window}", usd_units(amount), end))
+    for count, window, end in ((budget.daily_tokens, day, day_end),
+                               (budget.monthly_tokens, month, month_end)):
+        if count is not None:
+            counters.append(("tok", f"tok:{owner}:{window}", count, end))
+    if budget.tokens_per_minute:
+        counters.append(("tpm", f"tpm:{owner}", budget.tokens_per_minute, 0.0))
+    return tuple(counters)
 
 
 def _affordable_cap(answer: LedgerAnswer, prompt_tokens: int, price: Price) -> int:
