@@ -98,9 +98,13 @@ class _Pipe(asyncio.Protocol):
 
     def call(self, frame: bytes, grace: float = 0.0) -> asyncio.Future[Any]:
         """Send ``frame``; its reply, when it comes. With a ``grace``, the frame may wait
-        that long for another call to share its write."""
+        that long for another call to share its write, if calls are under way."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
+        if not self._waiting:
+            # Idle: nothing will come to share the write soon, and Redis had better run
+            # this now than before the next request's scripts (measured: c=1 faster).
+            grace = 0.0
         self._waiting.append(future)
         self._outgoing.append(frame)
         if not grace:
@@ -166,8 +170,9 @@ class RedisScripts:
                   grace: float = 0.0) -> Any:
         """The script's reply. Raises redis-py's ConnectionError or TimeoutError when Redis
         does not answer, and ResponseError for an error the script raised. ``grace``: how
-        long the call may wait to share a write with later calls (for work no request
-        waits on: the next request's call carries it, or the grace's end does)."""
+        long the call may wait to share a write with later calls while others are under
+        way (for work no request waits on: the next call carries it, or the grace's end
+        does)."""
         frame = hiredis.pack_command(("EVALSHA", script.sha, len(keys), *keys, *args))
         reply = await self._call(frame, grace)
         if isinstance(reply, ResponseError):

@@ -20,7 +20,8 @@ import httpx
 import openai
 import pytest
 
-from llm_gateway.billing.model import BudgetScope
+from llm_gateway.billing.model import MILLION, BudgetScope, Price
+from llm_gateway.billing.quotas import _units_per_token, usd_units
 from llm_gateway.stores import StoreUnavailable, open_store
 from llm_gateway.wiring import build_gateway
 from tests.billing_support import set_budget, set_price
@@ -309,3 +310,20 @@ def test_cached_prompt_tokens_are_priced_at_the_cached_input_price(
     assert [r.cost_usd for r in records] == [with_cache, with_cache, without]
     assert [(stored[r.request_id].cached_tokens, stored[r.request_id].cost_usd)
             for r in records] == [(6, with_cache), (6, with_cache), (0, without)]
+
+
+@pytest.mark.parametrize(("input_price", "output_price", "whole"), [
+    ("0.70", "2.80", True), ("0.15", "0.60", True), ("0.0001", "3", True),
+    ("0.00001", "2.5", False), ("1.23456", "7", False), ("0", "0", True)])
+def test_reservations_are_priced_in_integers_exactly_as_in_decimal(
+        input_price: str, output_price: str, whole: bool) -> None:
+    """The integer fast path of a reservation's price equals the Decimal computation, and is
+    taken only where it is exact (per-token prices that are whole 1e-10 USD)."""
+    price = Price("p", "m", Decimal(input_price), Decimal(output_price), 0.0)
+    per_token = _units_per_token(price)
+    assert (per_token is not None) is whole
+    for prompt, cap in [(0, 1), (1, 1), (12_345, 4_096), (999_999, 131_072), (7, 3)]:
+        exact = usd_units((prompt * price.input_per_mtok + cap * price.output_per_mtok)
+                          / MILLION)
+        if per_token is not None:
+            assert prompt * per_token[0] + cap * per_token[1] == exact

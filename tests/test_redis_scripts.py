@@ -20,6 +20,8 @@ from tests.support import PrivateRedis, free_port, private_redis, redis_reachabl
 
 ECHO = Script("return ARGV[1]")
 INCR = Script("return redis.call('INCRBY', KEYS[1], ARGV[1])")
+# Keeps Redis busy for a while (tens of milliseconds): a call under way.
+BUSY = Script("local n = 0 for i = 1, 10000000 do n = n + 1 end return n")
 FAILS = Script("return redis.error_reply('BUDGET the script said no')")
 
 
@@ -60,32 +62,43 @@ def test_calls_of_one_turn_share_a_write_and_deferred_ones_ride_along(tmp_path: 
         async def run() -> None:
             scripts = RedisScripts(server.url)
             try:
-                await scripts.run(INCR, ["{t}b"], [1])  # loaded: no NOSCRIPT round below
+                for script in (INCR, BUSY):  # loaded: no NOSCRIPT round below
+                    await scripts.run(script, ["{t}b"], [1])
                 counter = CountingWrites(scripts)
                 await asyncio.gather(scripts.run(INCR, ["{t}a"], [1]),
                                      scripts.run(INCR, ["{t}a"], [2]))
                 assert counter.writes == 1
-                # A deferred call waits for the next call's write...
-                deferred = asyncio.ensure_future(scripts.run(INCR, ["{t}a"], [10], grace=30))
-                await asyncio.sleep(0.05)
-                assert not deferred.done() and counter.writes == 1
-                assert await scripts.run(INCR, ["{t}a"], [100]) == 113
-                assert await deferred == 13 and counter.writes == 2
-                # ... or for its grace to end.
-                started = time.monotonic()
-                assert await scripts.run(INCR, ["{t}a"], [1000], grace=0.1) == 1113
-                assert 0.08 <= time.monotonic() - started < 2
-                assert counter.writes == 3
+                # On an idle connection a deferred call goes at once...
+                assert await scripts.run(INCR, ["{t}a"], [10], grace=30) == 13
+                assert counter.writes == 2
+                # ... but while calls are under way it waits for the next call's write...
+                slow = asyncio.ensure_future(scripts.run(BUSY, [], []))
+                await asyncio.sleep(0.005)  # written, and Redis busy with it
+                deferred = asyncio.ensure_future(scripts.run(INCR, ["{t}a"], [100], grace=30))
+                await asyncio.sleep(0)
+                assert counter.writes == 3 and not deferred.done()
+                assert await scripts.run(INCR, ["{t}a"], [1000]) == 1113
+                assert await deferred == 113 and counter.writes == 4
+                await slow
+                # ... or for its grace to end, whichever comes first.
+                slow = asyncio.ensure_future(scripts.run(BUSY, [], []))
+                await asyncio.sleep(0.005)  # written, and Redis busy with it
+                assert await scripts.run(INCR, ["{t}a"], [5], grace=0.05) == 1118
+                assert counter.writes == 6
+                await slow
                 # Closing writes what is deferred and waits for its reply.
+                slow = asyncio.ensure_future(scripts.run(BUSY, [], []))
+                await asyncio.sleep(0.005)  # written, and Redis busy with it
                 late = asyncio.ensure_future(scripts.run(INCR, ["{t}a"], [5], grace=30))
                 await asyncio.sleep(0)
                 await scripts.close()
-                assert await late == 1118
+                assert await late == 1123
+                await slow
             finally:
                 await scripts.close()
 
         asyncio.run(run())
-        assert int(redis.Redis.from_url(server.url).get("{t}a") or 0) == 1118
+        assert int(redis.Redis.from_url(server.url).get("{t}a") or 0) == 1123
 
 
 def test_a_script_error_is_raised_and_the_connection_stays(tmp_path: Path) -> None:

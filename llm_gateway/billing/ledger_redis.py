@@ -112,8 +112,9 @@ class RedisLedger:
             args += [hold.amount, amount, int(hold.expires_at * 1000)]
         for draw, amount in zip(draws, used, strict=True):
             args += [draw.capacity, draw.amount, amount]
-        # No request waits on a settlement: it rides along with the next request's calls
-        # (one write, one read for both), its budget held a few milliseconds longer.
+        # No request waits on a settlement: while other calls are under way it rides along
+        # with the next one (one write, one read for both), its budget held a few
+        # milliseconds longer; on an idle connection it goes at once.
         await self._scripts.run(SETTLE, keys, args, grace=SETTLE_GRACE_SECONDS)
 
     async def close(self) -> None:

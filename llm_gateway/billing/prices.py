@@ -42,7 +42,7 @@ class PriceBook:
     """Every price this process knows, by (provider, model), in order of effect."""
 
     def __init__(self, prices: Iterable[Price] = ()) -> None:
-        self._by_model: dict[tuple[str, str], list[Price]] = {}
+        self._by_model: dict[tuple[str, str], tuple[list[Price], list[float]]] = {}
         self.replace(prices)
 
     def replace(self, prices: Iterable[Price]) -> None:
@@ -51,13 +51,16 @@ class PriceBook:
             by_model.setdefault((price.provider, price.model), []).append(price)
         for history in by_model.values():
             history.sort(key=lambda price: price.effective_from)
-        self._by_model = by_model
+        # With each history, its moments: price_at bisects them (every request asks).
+        self._by_model = {model: (history, [price.effective_from for price in history])
+                          for model, history in by_model.items()}
 
     def price_at(self, provider: str, model: str, at: float) -> Price | None:
-        history = self._by_model.get((provider, model))
-        if not history:
+        found = self._by_model.get((provider, model))
+        if found is None:
             return None
-        index = bisect.bisect_right([price.effective_from for price in history], at) - 1
+        history, moments = found
+        index = bisect.bisect_right(moments, at) - 1
         return history[index] if index >= 0 else None
 
     def highest_output_price(self, targets: Iterable[tuple[str, str]], at: float) -> Price | None:

@@ -283,8 +283,10 @@ class Quotas:
         tokens = prompt_tokens + cap
         usd = None
         if price is not None:
-            usd = usd_units((prompt_tokens * price.input_per_mtok
-                             + cap * price.output_per_mtok) / MILLION)
+            per_token = _units_per_token(price)
+            usd = (prompt_tokens * per_token[0] + cap * per_token[1] if per_token is not None
+                   else usd_units((prompt_tokens * price.input_per_mtok
+                                   + cap * price.output_per_mtok) / MILLION))
         holds: list[Hold] = []
         draws: list[Draw] = []
         for budget in limits.budgets:
@@ -310,6 +312,18 @@ class Quotas:
                  for hold in reservation.holds]
         await self.ledger.settle(reservation.holds, spent, reservation.draws,
                                  [tokens] * len(reservation.draws))
+
+
+@functools.lru_cache(maxsize=1024)
+def _units_per_token(price: Price) -> tuple[int, int] | None:
+    """A price's input and output per token in ledger units (1e-10 USD), when both are whole
+    numbers (a price with at most four decimals per million tokens: nearly all), so that a
+    reservation is priced in integers, exactly as in Decimal; else None."""
+    rates = [rate * UNITS_PER_USD / MILLION for rate in (price.input_per_mtok,
+                                                         price.output_per_mtok)]
+    if any(rate != rate.to_integral_value() for rate in rates):
+        return None
+    return int(rates[0]), int(rates[1])
 
 
 @functools.lru_cache(maxsize=4096)
