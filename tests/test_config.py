@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -64,6 +65,22 @@ def test_bad_value_stops_start_up_with_one_line_and_status_2(tmp_path: Path) -> 
     assert result.stderr.strip() == (
         "llm-gateway: REQUEST_TIMEOUT_SECONDS: expected a number of seconds, got 'soon'"
     )
+
+
+@pytest.mark.parametrize("command", ["serve", "sidecar"])
+def test_with_json_logs_the_one_line_is_json_too(tmp_path: Path, command: str) -> None:
+    """A log pipeline that reads JSON gets the reason a process would not start as JSON."""
+    env = {**os.environ, "VENICE_API_KEY": "k", "RATE_LIMIT_FAILURE_POLICY": "bogus",
+           "LOG_FORMAT": "json", "DATABASE_URL": f"sqlite:///{tmp_path / 'x.db'}"}
+    result = subprocess.run([str(BIN / "llm-gateway"), command], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    line = json.loads(lines[0])
+    assert line["level"] == "error" and line["logger"] == "llm_gateway"
+    assert line["message"] == ("cannot start: RATE_LIMIT_FAILURE_POLICY: expected fail-open "
+                               "or fail-closed, got 'bogus'")
 
 
 def test_example_config_file_loads() -> None:

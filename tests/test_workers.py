@@ -107,8 +107,8 @@ def serve(directory: Path, env: dict[str, str], *args: str) -> Iterator[Served]:
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory: pytest.TempPathFactory,
             fake_server: tuple[FakeUpstream, str]) -> Iterator[Served]:
-    """`serve --workers 2` on the embedded default, for the tests below in their order
-    (the last one stops it)."""
+    """`serve --workers 2` on the embedded default, for the steps of
+    ``test_two_workers_through_their_life`` (the last one stops it)."""
     directory = tmp_path_factory.mktemp("workers")
     with serve(directory, embedded_env(directory, fake_server[1]), "--workers", "2") as served:
         served.wait_for_log(r"worker 1 serving")
@@ -206,7 +206,7 @@ def burst(url: str, key: str, count: int, body: dict[str, Any],
 
 # ---- exact across workers ---------------------------------------------------------------
 
-def test_two_workers_admit_exactly_the_limit_of_400_concurrent_requests(
+def two_workers_admit_exactly_the_limit_of_400_concurrent_requests(
         workers: Served) -> None:
     record, key = create_key(workers.database_url, name="burst", rate_limit_requests=100,
                              rate_limit_window_seconds=roomy_window())
@@ -234,7 +234,7 @@ def test_two_workers_admit_exactly_the_limit_of_400_concurrent_requests(
     workers.admitted[record.id] += 100
 
 
-def test_a_budget_holds_exactly_across_workers(workers: Served) -> None:
+def a_budget_holds_exactly_across_workers(workers: Served) -> None:
     # Each request reserves its prompt estimate (8) plus max_tokens (16) and really uses
     # as much, so 10 fit a budget of 240 tokens whatever the order of reserve and settle.
     record, key = create_key(workers.database_url, name="budget", rate_limit_requests=1000)
@@ -250,7 +250,7 @@ def test_a_budget_holds_exactly_across_workers(workers: Served) -> None:
     workers.admitted[record.id] += 10
 
 
-def test_a_dead_worker_is_replaced_and_sighup_replaces_every_worker(workers: Served) -> None:
+def a_dead_worker_is_replaced_and_sighup_replaces_every_worker(workers: Served) -> None:
     record, workers.keys["after"] = create_key(workers.database_url, name="after",
                                                rate_limit_requests=1000)
     before = workers.workers()
@@ -278,7 +278,7 @@ def test_a_dead_worker_is_replaced_and_sighup_replaces_every_worker(workers: Ser
     workers.admitted[record.id] += 1
 
 
-def test_sigterm_stops_every_worker_cleanly_with_one_usage_record_per_admitted_request(
+def sigterm_stops_every_worker_cleanly_with_one_usage_record_per_admitted_request(
         workers: Served, fake_server: tuple[FakeUpstream, str]) -> None:
     fake = fake_server[0]
     record, key = create_key(workers.database_url, name="in-flight", rate_limit_requests=1000)
@@ -308,6 +308,18 @@ def test_sigterm_stops_every_worker_cleanly_with_one_usage_record_per_admitted_r
     records = usage_records(workers.database_url)
     assert len({r.request_id for r in records}) == len(records)
     assert collections.Counter(r.key_id for r in records) == workers.admitted
+
+
+def test_two_workers_through_their_life(workers: Served,
+                                        fake_server: tuple[FakeUpstream, str]) -> None:
+    """One `serve --workers 2`, step by step; each step reads what the ones before left (the
+    burst key still at its limit after the workers were replaced; every admitted request's
+    record at the end), so they are one test: a parallel runner never splits them."""
+    two_workers_admit_exactly_the_limit_of_400_concurrent_requests(workers)
+    a_budget_holds_exactly_across_workers(workers)
+    a_dead_worker_is_replaced_and_sighup_replaces_every_worker(workers)
+    sigterm_stops_every_worker_cleanly_with_one_usage_record_per_admitted_request(
+        workers, fake_server)
 
 
 # ---- one process: SIGHUP reloads the routes ------------------------------------------------

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from llm_gateway.cli import admin, billing, keys, providers, routes, run, usage
-from llm_gateway.cli.common import EXIT_CONFIG, settings_from
+from llm_gateway.cli.common import config_failure, settings_from
 from llm_gateway.config import ConfigError
 from llm_gateway.telemetry.logs import configure_logging
 
@@ -39,8 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         return args.handler(args)
     except ConfigError as exc:
-        print(f"llm-gateway: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return config_failure(exc)
     except KeyboardInterrupt:
         return 130
 

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from llm_gateway.cli.common import EXIT_CONFIG, settings_from
+from llm_gateway.cli.common import config_failure, settings_from
 from llm_gateway.cli.keys import create_key
 from llm_gateway.config import ConfigError, Secret, Settings, host_port_argument, parse_workers
 from llm_gateway.keys import KeyRecord
@@ -101,8 +101,7 @@ def _worker(settings: Settings, listeners: Listeners, started: Callable[[], None
     try:
         return _serve(settings, listeners, started)
     except ConfigError as exc:  # found while building the gateway (routes, prices)
-        print(f"llm-gateway: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return config_failure(exc)
 
 
 DEMO_MODEL = "llama-3.3-70b"
