@@ -271,7 +271,7 @@ def a_dead_worker_is_replaced_and_sighup_replaces_every_worker(workers: Served) 
         assert time.monotonic() < deadline, workers.log()
         time.sleep(0.05)
     for name, status in (("after", 200), ("burst", 429)):
-        # The counters outlive the workers: the first test's key is still at its limit.
+        # The counters outlive the workers: the first step's key is still at its limit.
         response = httpx.post(workers.url + "/v1/chat/completions", json=CHAT, timeout=30,
                               headers={"authorization": f"Bearer {workers.keys[name]}"})
         assert response.status_code == status
