@@ -21,13 +21,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from llm_gateway.auth_jwt import JwtVerifier, looks_like_jwt
 from llm_gateway.config import FailurePolicy
 from llm_gateway.errors import Rejection, invalid_api_key, key_store_unavailable
-from llm_gateway.keys import KeyRecord, hash_matches, is_well_formed, key_prefix
+from llm_gateway.keys import KeyRecord, hash_matches, is_well_formed, key_prefix, looks_like_jwt
 from llm_gateway.outage import Outage
 from llm_gateway.stores import Store, StoreUnavailable
+
+if TYPE_CHECKING:
+    from llm_gateway.auth_jwt import JwtVerifier
 
 # How long a key lookup is trusted. Bounds how late a revocation made on another
 # process (CLI, another replica) takes effect: at most this long after the revoking

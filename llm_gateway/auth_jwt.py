@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,7 +40,6 @@ JWKS_MIN_REFRESH_SECONDS = 30.0
 # try again soon, but not on every request.
 JWKS_RETRY_SECONDS = 1.0
 log = logging.getLogger("llm_gateway.auth")
-_JWT_SHAPE = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*$")
 
 # PyJWT's errors, most specific first, as the one line the caller reads.
 _MESSAGES: tuple[tuple[type[Exception], str], ...] = (
@@ -52,11 +50,6 @@ _MESSAGES: tuple[tuple[type[Exception], str], ...] = (
     (jwt.InvalidAlgorithmError, "The JWT's algorithm does not match its signing key."),
     (jwt.InvalidSignatureError, "The JWT's signature does not verify."),
 )
-
-
-def looks_like_jwt(token: str) -> bool:
-    """Told apart from a gateway key by shape alone (a key has no dots)."""
-    return bool(_JWT_SHAPE.match(token))
 
 
 def _algorithm_of(key: Any) -> str:

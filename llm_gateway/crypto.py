@@ -19,11 +19,8 @@ import base64
 import binascii
 import os
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
+# cryptography is imported where a key is derived or sealed, not here: most processes only
+# mask secrets, and the library costs each of them ~7 MiB of memory.
 from llm_gateway.config import ConfigError, Secret
 
 KEY_BYTES = 32
@@ -60,6 +57,9 @@ def derive_key(text: str) -> bytes:
             "expected base64 of 32 bytes (e.g. `openssl rand -base64 32`) or a passphrase "
             f"of at least {MIN_PASSPHRASE_CHARACTERS} characters"
         )
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
     return HKDF(hashes.SHA256(), KEY_BYTES, _HKDF_SALT, _HKDF_INFO).derive(text.encode())
 
 
@@ -81,6 +81,8 @@ class SecretBox:
     def __init__(self, key: bytes) -> None:
         if len(key) != KEY_BYTES:
             raise SecretKeyError(f"an AES-256 key is {KEY_BYTES} bytes")
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
         self._aead = AESGCM(key)
 
     @classmethod
@@ -93,6 +95,8 @@ class SecretBox:
         return nonce, self._aead.encrypt(nonce, plaintext.encode(), context.encode())
 
     def open(self, nonce: bytes, ciphertext: bytes, *, context: str) -> str:
+        from cryptography.exceptions import InvalidTag
+
         try:
             return self._aead.decrypt(nonce, ciphertext, context.encode()).decode()
         except InvalidTag:

@@ -25,6 +25,8 @@ _BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 # A key created without a limit of its own: 60 requests per 60 seconds.
 DEFAULT_RATE_LIMIT = (60, 60)
 _KEY_PATTERN = re.compile(rf"^{KEY_PREFIX}[0-9A-Za-z]{{{_RANDOM_LENGTH + _CHECKSUM_LENGTH}}}$")
+# A JWT: three base64url parts (the signature may be empty), where a gateway key has no dots.
+_JWT_SHAPE = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*$")
 
 
 def _base62(number: int, width: int) -> str:
@@ -49,6 +51,11 @@ def is_well_formed(key: str) -> bool:
     if not _KEY_PATTERN.match(key):
         return False
     return hmac.compare_digest(key[-_CHECKSUM_LENGTH:], _checksum(key[:-_CHECKSUM_LENGTH]))
+
+
+def looks_like_jwt(token: str) -> bool:
+    """Told apart from a gateway key by shape alone (a key has no dots)."""
+    return bool(_JWT_SHAPE.match(token))
 
 
 def key_prefix(key: str) -> str:

@@ -9,11 +9,11 @@ import random
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opentelemetry.trace import TracerProvider
 
 from llm_gateway.auth import KEY_CACHE_SECONDS, Authenticator
-from llm_gateway.auth_jwt import jwt_verifier
 from llm_gateway.billing.ledger import Ledger, MemoryLedger
 from llm_gateway.billing.metering import UsageWriter
 from llm_gateway.billing.prices import PriceBook, PriceError, prices_from_settings
@@ -25,7 +25,6 @@ from llm_gateway.limits import MemoryRateLimiter, RateLimiter
 from llm_gateway.limits.failover import FailoverRateLimiter
 from llm_gateway.limits.sqlite import SqliteRateLimiter, WorkersFile
 from llm_gateway.outage import Outage, OutageCollector
-from llm_gateway.redis_scripts import RedisScripts
 from llm_gateway.relay import Relay
 from llm_gateway.routing.client import UpstreamClient
 from llm_gateway.routing.config import parse_routes
@@ -42,6 +41,10 @@ from llm_gateway.routing.table import RouteTable
 from llm_gateway.stores import Store, StoreUnavailable, open_store
 from llm_gateway.stores.sqlite import SqliteStore
 from llm_gateway.telemetry import StateCollector, Telemetry
+
+if TYPE_CHECKING:
+    from llm_gateway.auth_jwt import JwtVerifier
+    from llm_gateway.redis_scripts import RedisScripts
 
 
 def build_gateway(
@@ -60,12 +63,12 @@ def build_gateway(
 ) -> Gateway:
     """The engine the settings describe; tests pass their own parts."""
     store = store or open_store(settings.database_url)
-    redis = RedisScripts(settings.redis_url) if settings.redis_url else None  # see open_limiter
+    redis = _redis_scripts(settings)
     limiter = limiter or open_limiter(settings, store, redis)
     auth = Authenticator(
         store, failure_policy=settings.auth_failure_policy, cache_seconds=key_cache_seconds,
         backend="postgres" if is_postgres_url(settings.database_url) else "sqlite",
-        jwt=jwt_verifier(settings),
+        jwt=_jwt_verifier(settings),
     )
     environ = os.environ if settings.environ is None else settings.environ
     table = routes or parse_routes(settings.routes, environ, settings)
@@ -144,6 +147,25 @@ def workers_file(settings: Settings) -> Path | None:
         raise ConfigError("WORKERS", "more than one worker needs a database file (or "
                           "Postgres): each worker would have its own in-memory database")
     return Path(database).parent / f"{Path(database).stem}-workers.db"
+
+
+# The libraries of optional parts (redis-py; PyJWT, cryptography, httpx) are imported only
+# when the settings use them: each costs every process megabytes it would never use.
+def _redis_scripts(settings: Settings) -> RedisScripts | None:
+    """The one pipelined Redis connection the limiter and the ledger share (open_limiter)."""
+    if not settings.redis_url:
+        return None
+    from llm_gateway.redis_scripts import RedisScripts
+
+    return RedisScripts(settings.redis_url)
+
+
+def _jwt_verifier(settings: Settings) -> JwtVerifier | None:
+    if not (settings.jwt_jwks_url or settings.jwt_public_key):
+        return None
+    from llm_gateway.auth_jwt import jwt_verifier
+
+    return jwt_verifier(settings)
 
 
 def open_quotas(settings: Settings, store: Store, auth: Authenticator,

@@ -22,10 +22,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from llm_gateway.auth_jwt import JWKS_MIN_REFRESH_SECONDS, JwtVerifier, jwt_verifier, looks_like_jwt
+from llm_gateway.auth_jwt import JWKS_MIN_REFRESH_SECONDS, JwtVerifier, jwt_verifier
 from llm_gateway.config import ConfigError, Settings, load_settings
 from llm_gateway.errors import Rejection
-from llm_gateway.keys import KeyRecord
+from llm_gateway.keys import KeyRecord, looks_like_jwt
 
 ISSUER = "https://idp.example.test/"
 AUDIENCE = "llm-gateway"

@@ -19,12 +19,12 @@ import logging
 import sqlite3
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import Protocol
-
-from redis.asyncio import Redis
-from redis.exceptions import RedisError, WatchError
+from typing import TYPE_CHECKING, Protocol
 
 from llm_gateway.routing.health import CLEAN, Evidence, HealthBook, Outcome, apply
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 log = logging.getLogger("llm_gateway.routes")
 
@@ -122,11 +122,16 @@ class RedisEvidence:
     backend = "Redis"
 
     def __init__(self, redis_url: str, *, namespace: str = "llmg") -> None:
+        # redis-py is imported by what uses it: a process without REDIS_URL saves ~8 MiB.
+        from redis.asyncio import Redis
+
         self._redis: Redis = Redis.from_url(redis_url, socket_timeout=2.0,
                                            socket_connect_timeout=1.0)
         self._prefix = f"{namespace}:health:"
 
     async def update(self, target: str, change: Change) -> None:
+        from redis.exceptions import RedisError, WatchError
+
         key = self._prefix + target
         try:
             for _ in range(5):  # another replica wrote in between: read and apply again
@@ -145,6 +150,8 @@ class RedisEvidence:
             raise EvidenceUnavailable(type(exc).__name__) from exc
 
     async def read(self, targets: list[str]) -> dict[str, Evidence]:
+        from redis.exceptions import RedisError
+
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for target in targets:
