@@ -269,11 +269,13 @@ def workers(context: Context) -> dict[str, Any]:
     interleaved (one worker, then two, at each concurrency)."""
     environment = context.environment
     plan = context.plan
+    # Given every CPU explicitly: a child inherits the harness's affinity, which is the load
+    # CPU alone until every_cpu (both gateways were once measured on that one CPU).
+    cpus = sorted(context.usable_cpus)
     with started(
         lambda: start_serve(environment, routed=True, name="serve-workers-2",
-                            flags=["--workers", "2"], use_target_cpus=False),
-        lambda: start_serve(environment, routed=True, name="serve-workers-1",
-                            use_target_cpus=False),
+                            flags=["--workers", "2"], cpus=cpus),
+        lambda: start_serve(environment, routed=True, name="serve-workers-1", cpus=cpus),
     ) as (two, one), every_cpu(context):
         for target in (one, two):
             _warm(target)
