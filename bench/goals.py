@@ -78,6 +78,9 @@ class Goal:
     # Why the figure, though measured, cannot be judged in this run (a scale not reached).
     unjudged: Callable[[Results], str | None] = _never_unjudged
     source: str = "benchmark issue"
+    # The benchmark issue's target for the same figure, where issue 15 tightened it: still
+    # judged (the issues written before issue 15 ask that "the benchmark targets" hold).
+    first_limit: float | None = None
 
     def check(self, results: Results) -> dict[str, object]:
         measured = self.read(results)
@@ -98,6 +101,9 @@ class Goal:
         met = measured <= self.limit if self.at_most else measured >= self.limit
         gap = measured - self.limit if self.at_most else self.limit - measured
         verdict.update(met=met, missed_by=None if met else round(gap, 3))
+        if self.first_limit is not None:
+            verdict.update(first_limit=self.first_limit, met_first=(
+                measured <= self.first_limit if self.at_most else measured >= self.first_limit))
         return verdict
 
 
@@ -194,17 +200,21 @@ ISSUE_15 = "issue 15"
 GOALS: tuple[Goal, ...] = (
     # Issue 15's targets for these figures replace the benchmark issue's looser ones.
     Goal("serve: added latency c=1 p50", "ms", 0.4, True,
-         _figure("serve", "latency_c1", "added_ms", "p50"), source=ISSUE_15),
+         _figure("serve", "latency_c1", "added_ms", "p50"), source=ISSUE_15,
+         first_limit=1.0),
     Goal("serve: added latency c=1 p99", "ms", 2.0, True,
          _figure("serve", "latency_c1", "added_ms", "p99")),
     Goal("sidecar-reverse: added latency c=1 p50", "ms", 1.0, True,
-         _figure("sidecar-reverse", "latency_c1", "added_ms", "p50"), source=ISSUE_15),
+         _figure("sidecar-reverse", "latency_c1", "added_ms", "p50"), source=ISSUE_15,
+         first_limit=3.0),
     Goal("sidecar-reverse: added latency c=1 p99", "ms", 6.0, True,
          _figure("sidecar-reverse", "latency_c1", "added_ms", "p99")),
     Goal("serve: CPU per request at c=8 (JSON)", "us", 160.0, True,
-         _figure("serve", "cpu", "cpu_per_request_us"), source=ISSUE_15),
+         _figure("serve", "cpu", "cpu_per_request_us"), source=ISSUE_15,
+         first_limit=500.0),
     Goal("sidecar-reverse: CPU per request at c=8", "us", 500.0, True,
-         _figure("sidecar-reverse", "cpu", "cpu_per_request_us"), source=ISSUE_15),
+         _figure("sidecar-reverse", "cpu", "cpu_per_request_us"), source=ISSUE_15,
+         first_limit=2000.0),
     Goal("serve --workers 2: max 0-err throughput / one worker's", "x", 1.6, False,
          _phase("workers", "ratio"), _workers_at_scale, ISSUE_15),
     Goal("serve --workers 2: errors over the ladder", "errors", 0, True,

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -283,17 +283,28 @@ def workers(context: Context) -> dict[str, Any]:
         for concurrency in plan.workers_ladder:
             for label, target in (("one", one), ("two", two)):
                 generator = context.tools.for_budget(target, plan.workers_step)
+                # The cores each side used: on a machine this small, what the load
+                # generator and the fake upstream take is what the workers cannot have.
+                fake_pid = environment.fake_process.pid
+                before = (time.monotonic(), cpu_seconds(target.process.pid),  # type: ignore[union-attr]
+                          cpu_seconds(fake_pid))
                 result = generator.run(target.endpoint, target.chat_request(), concurrency,
                                        plan.workers_step)
+                elapsed = time.monotonic() - before[0]
+                gateway_cores = (cpu_seconds(target.process.pid) - before[1]) / elapsed  # type: ignore[union-attr]
+                upstream_cores = (cpu_seconds(fake_pid) - before[2]) / elapsed
                 steps[label].append({
                     "concurrency": concurrency, "generator": result.generator,
                     "requests": result.requests, "errors": result.errors,
                     "throughput_rps": round(result.throughput_rps, 1),
                     "latency_ms": result.latency.as_dict(),
                     "error_samples": result.error_samples,
+                    "gateway_cores": round(gateway_cores, 2),
+                    "upstream_cores": round(upstream_cores, 2),
                 })
                 say(f"  {target.name} c={concurrency}: {result.throughput_rps:.0f} req/s, "
-                    f"errors {result.errors}/{result.requests}")
+                    f"errors {result.errors}/{result.requests}, gateway {gateway_cores:.2f} "
+                    f"cores, fake upstream {upstream_cores:.2f}")
         processes = {label: len(_tree(target)) for label, target in (("one", one), ("two", two))}
     best_one = best_zero_error_step(steps["one"])  # type: ignore[arg-type]
     best_two = best_zero_error_step(steps["two"])  # type: ignore[arg-type]
@@ -307,7 +318,19 @@ def workers(context: Context) -> dict[str, Any]:
                         "max_throughput_rps": best_two["throughput_rps"] if best_two else None,
                         "errors": sum(step["errors"] for step in steps["two"])},
         "ratio": round(ratio, 3) if ratio is not None else None,
+        "per_core_ratio": _per_core_ratio(best_one, best_two),
     }
+
+
+def _per_core_ratio(one: Mapping[str, Any] | None,
+                    two: Mapping[str, Any] | None) -> float | None:
+    """Requests per gateway core, two workers over one, at their best steps: how well the
+    workers scale with the cores they got (1.0: perfectly), whatever the machine left them."""
+    if not one or not two or not one.get("gateway_cores") or not two.get("gateway_cores"):
+        return None
+    per_core_one = one["throughput_rps"] / one["gateway_cores"]
+    return round(two["throughput_rps"] / two["gateway_cores"] / per_core_one, 3) \
+        if per_core_one else None
 
 
 def _tree(target: Target) -> list[int]:

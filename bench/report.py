@@ -165,9 +165,11 @@ def markdown_table(rows: Sequence[Sequence[str]]) -> str:
 def _verdict(goal: Mapping[str, Any]) -> str:
     if goal["met"] is None:
         return f"not judged: {goal['note']}" if goal.get("note") else "not measured"
-    if goal["met"]:
-        return "met"
-    return f"MISSED by {_num(goal['missed_by'])} {goal['unit']}"
+    verdict = "met" if goal["met"] else f"MISSED by {_num(goal['missed_by'])} {goal['unit']}"
+    if goal.get("first_limit") is not None:
+        verdict += (f" (the benchmark issue's {goal['comparison']} {_num(goal['first_limit'])}: "
+                    f"{'met' if goal['met_first'] else 'missed'})")
+    return verdict
 
 
 def format_goals(goals: Sequence[Mapping[str, Any]]) -> str:
@@ -177,7 +179,19 @@ def format_goals(goals: Sequence[Mapping[str, Any]]) -> str:
         limit = f"{goal['comparison']} {_num(goal['limit'])} {goal['unit']}"
         lines.append(f"  {goal['goal']:<58} {_num(measured):>10}  (goal {limit}): "
                      f"{_verdict(goal)}")
+    lines.append(f"  {first_targets_summary(goals)}")
     return "\n".join(lines)
+
+
+def first_targets_summary(goals: Sequence[Mapping[str, Any]]) -> str:
+    """The benchmark issue's own targets (as first set, before issue 15 tightened four of
+    them), in one line: what the issues written before issue 15 ask to hold."""
+    verdicts = [goal["met_first"] if goal.get("first_limit") is not None else goal["met"]
+                for goal in goals if goal.get("source") == "benchmark issue"
+                or goal.get("first_limit") is not None]
+    judged = [verdict for verdict in verdicts if verdict is not None]
+    return (f"the benchmark issue's first targets: {sum(judged)} of {len(judged)} judged met "
+            f"({len(verdicts) - len(judged)} not measured or not judged in this run)")
 
 
 def markdown_goals(goals: Sequence[Mapping[str, Any]]) -> str:
@@ -186,6 +200,7 @@ def markdown_goals(goals: Sequence[Mapping[str, Any]]) -> str:
         limit = f"{goal['comparison']} {_num(goal['limit'])} {goal['unit']}"
         lines.append(f"| {goal['goal']} | {_num(goal['measured'])} | {limit} | "
                      f"{_verdict(goal)} | {goal.get('source', '')} |")
+    lines.append(f"\n{first_targets_summary(goals).capitalize()}.")
     return "\n".join(lines)
 
 
@@ -303,13 +318,21 @@ def _workers_section(phase: Mapping[str, Any]) -> Section:
     one = (phase.get("one_worker") or {}).get("ladder") or []
     two = (phase.get("two_workers") or {}).get("ladder") or []
     rows = [[str(a["concurrency"]), _num(a["throughput_rps"], 0), str(a["errors"]),
-             _num(b["throughput_rps"], 0), str(b["errors"])] for a, b in zip(one, two,
-                                                                             strict=False)]
-    rows.append(["best 0-err", _num(phase["one_worker"].get("max_throughput_rps"), 0), "",
+             _cores(a), _num(b["throughput_rps"], 0), str(b["errors"]), _cores(b)]
+            for a, b in zip(one, two, strict=False)]
+    rows.append(["best 0-err", _num(phase["one_worker"].get("max_throughput_rps"), 0), "", "",
                  _num(phase["two_workers"].get("max_throughput_rps"), 0),
-                 f"ratio {_num(phase.get('ratio'))}"])
-    return Section(title, ("c", "1 worker req/s", "errors", "2 workers req/s", "errors"), rows,
-                   [f"{phase.get('cpus')} CPUs; processes: {phase.get('processes')}"])
+                 f"ratio {_num(phase.get('ratio'))}", ""])
+    return Section(title, ("c", "1 worker req/s", "errors", "cores: gateway/fake",
+                           "2 workers req/s", "errors", "cores: gateway/fake"), rows,
+                   [f"{phase.get('cpus')} CPUs; processes: {phase.get('processes')}; the load "
+                    "generator and the fake upstream run on the same CPUs; requests per "
+                    "gateway core, two workers over one at their best steps: "
+                    f"{_num(phase.get('per_core_ratio'))}"])
+
+
+def _cores(step: Mapping[str, Any]) -> str:
+    return f"{_num(step.get('gateway_cores'))}/{_num(step.get('upstream_cores'))}"
 
 
 def _streams_section(phase: Mapping[str, Any]) -> Section:
