@@ -383,6 +383,14 @@ def test_phase_goals_are_judged_only_at_their_scale():
         assert goals[name]["met"] is None
         assert goals[name]["note"] == "only 2000 of 5000 streams were being served in the window"
 
+    # Direct itself lost streams: the harness could not hold the scale, so a gateway's
+    # lost streams are shown but not judged.
+    saturated["streams"]["targets"]["direct"]["errors"] = 1268
+    errors = {goal["goal"]: goal for goal in check_goals(document["targets"], saturated)}[
+        "streams via serve: errors"]
+    assert errors["measured"] == 3000 and errors["met"] is None
+    assert errors["note"].startswith("direct itself lost 1268 of 5000 streams")
+
     small = _synthetic_phases(streams=200, seconds=3.0)
     goals = {goal["goal"]: goal for goal in check_goals(document["targets"], small)}
     rss = goals["streams via serve: RSS per open stream"]
