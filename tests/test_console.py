@@ -135,6 +135,9 @@ def test_an_operator_manages_a_key_from_sign_in_to_revocation(
     page.get_by_role("button", name="Copy").click()
     screenshots(page, "e2e-key-created")
     page.get_by_role("button", name="Done").click()
+    # The dialog's close event removes it and reloads the list, in one task: once the
+    # secret is gone, the page has started again (data-ready was still "keys" before).
+    secret.wait_for(state="detached")
     page.wait_for_selector("body[data-ready=keys]", state="attached")
     assert key not in page.content() and key[:12] in page.content()
 
