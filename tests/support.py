@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
+import ipaddress
 import os
 import secrets
 import shutil
@@ -21,6 +23,10 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import httpx
 import pytest
 import uvicorn
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from llm_gateway.billing.metering import UsageRecord
 from llm_gateway.keys import KeyRecord, new_key_record
@@ -378,3 +384,27 @@ def send_keys_as_prompts(gw: object, keys: list[str]) -> None:
             json={"model": "llama-3.3-70b", "messages": [{"role": "user", "content": key}]},
         )
         assert response.status_code == 200
+
+
+def self_signed_certificate(directory: Path) -> tuple[Path, Path, bytes]:
+    """A certificate for ``localhost`` and 127.0.0.1, signed by its own key, made now (no key
+    is committed): its PEM file, its key's PEM file, and the certificate in DER."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([
+            x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        ]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "origin.crt", directory / "origin.key"
+    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path, certificate.public_bytes(serialization.Encoding.DER)

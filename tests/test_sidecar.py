@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import datetime
-import ipaddress
 import json
 import logging
 import os
@@ -29,10 +27,6 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from llm_gateway.adapters.ca import CERT_FILE, install_for_mitmproxy, load_or_create_ca
 from llm_gateway.adapters.sidecar import Sidecar
@@ -54,6 +48,7 @@ from tests.support import (
     assert_stream_not_buffered,
     create_key,
     free_port,
+    self_signed_certificate,
     stop_process,
 )
 
@@ -404,28 +399,10 @@ def echo_server(tls: ssl.SSLContext | None = None) -> Iterator[int]:
 @pytest.fixture(scope="module")
 def origin_certificate(tmp_path_factory) -> tuple[Path, ssl.SSLContext, bytes]:  # type: ignore[no-untyped-def]
     """A self-signed certificate for a local TLS origin, made now (no key is committed)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([
-            x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-        ]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    directory = tmp_path_factory.mktemp("origin")
-    cert_path, key_path = directory / "origin.crt", directory / "origin.key"
-    cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    cert_path, key_path, der = self_signed_certificate(tmp_path_factory.mktemp("origin"))
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert_path, key_path)
-    return cert_path, context, certificate.public_bytes(serialization.Encoding.DER)
+    return cert_path, context, der
 
 
 def connect_through(proxy_url: str, target: str) -> tuple[socket.socket, bytes]:

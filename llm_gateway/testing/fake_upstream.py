@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -91,14 +92,17 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     return socket.create_server((host, port), family=family, backlog=2048)
 
 
-def _base_url(host: str, port: int, fake: FakeUpstream) -> str:
+def _base_url(host: str, port: int, fake: FakeUpstream, scheme: str = "http") -> str:
     url_host = f"[{host}]" if ":" in host else host
-    return f"http://{url_host}:{port}{fake.api_prefix}"
+    return f"{scheme}://{url_host}:{port}{fake.api_prefix}"
 
 
-def _uvicorn_server(fake: FakeUpstream, *, embedded: bool) -> uvicorn.Server:
+def _uvicorn_server(fake: FakeUpstream, *, embedded: bool,
+                    tls: tuple[Path, Path] | None = None) -> uvicorn.Server:
     config = uvicorn.Config(
         fake,
+        # A provider is reached over HTTPS: (certificate, key) serves the fake that way.
+        ssl_certfile=str(tls[0]) if tls else None, ssl_keyfile=str(tls[1]) if tls else None,
         http=_connection_counting_protocol(fake),
         ws="none",
         lifespan="off",
@@ -114,17 +118,19 @@ def _uvicorn_server(fake: FakeUpstream, *, embedded: bool) -> uvicorn.Server:
 
 @contextmanager
 def running_fake_upstream(
-    fake: FakeUpstream | None = None, host: str = "127.0.0.1", port: int = 0
+    fake: FakeUpstream | None = None, host: str = "127.0.0.1", port: int = 0,
+    tls: tuple[Path, Path] | None = None,
 ) -> Iterator[tuple[FakeUpstream, str]]:
     """Serve ``fake`` on uvicorn in a background thread; yield ``(fake, base_url)``.
 
     ``port=0`` picks a free port. ``base_url`` includes the API prefix, e.g.
-    ``http://127.0.0.1:41234/api/v1``, ready for ``openai.OpenAI(base_url=...)``.
+    ``http://127.0.0.1:41234/api/v1``, ready for ``openai.OpenAI(base_url=...)``; with
+    ``tls`` (a certificate and its key, PEM files) it is served over HTTPS.
     """
     fake = fake if fake is not None else FakeUpstream()
     listener = _listening_socket(host, port)
     bound_port: int = listener.getsockname()[1]
-    server = _uvicorn_server(fake, embedded=True)
+    server = _uvicorn_server(fake, embedded=True, tls=tls)
     startup_failures: list[BaseException] = []
 
     def serve() -> None:
@@ -142,7 +148,7 @@ def running_fake_upstream(
                 cause = startup_failures[0] if startup_failures else None
                 raise RuntimeError("the fake upstream did not start") from cause
             time.sleep(0.002)
-        yield fake, _base_url(host, bound_port, fake)
+        yield fake, _base_url(host, bound_port, fake, "https" if tls else "http")
     finally:
         server.should_exit = True
         thread.join(timeout=10)
