@@ -93,9 +93,25 @@ async def _too_long(request: web.Request) -> web.StreamResponse:
     return response
 
 
+# What reached the address a redirect named: nothing may (it would carry the key there).
+CAUGHT: list[dict[str, str]] = []
+
+
+async def _redirect(request: web.Request) -> web.Response:
+    """A provider (or something in front of it) sending the call elsewhere."""
+    target = f"http://localhost:{request.url.port}/catch/api/v1/chat/completions"
+    return web.Response(status=307, headers={"location": target})
+
+
+async def _catch(request: web.Request) -> web.Response:
+    CAUGHT.append(dict(request.headers))
+    return web.json_response({"id": "caught", "choices": []})
+
+
 ROUTES = {"echo-key": _echo_key, "echo-key-stream": _echo_key_stream, "bomb": _bomb,
           "endless-json": _endless_json, "endless-line": _endless_line,
-          "stream-bomb": _stream_bomb, "too-long": _too_long}
+          "stream-bomb": _stream_bomb, "too-long": _too_long, "redirect": _redirect,
+          "catch": _catch}
 
 
 @contextlib.contextmanager
@@ -204,3 +220,18 @@ def test_more_bytes_than_the_content_length_do_not_poison_the_next_answer(
         assert response.status_code == 200, response.text
         assert response.headers["x-llm-gateway-attempts"] == "1"
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_redirect_is_not_followed_with_the_key(gateway: tuple[str, int, str],
+                                                  stream: bool) -> None:
+    """Neither followed (the provider key would go where it points) nor relayed (the
+    client would send its prompt there, past the gateway): an OpenAI-shaped 502."""
+    CAUGHT.clear()
+    response = chat(gateway, "redirect", stream=stream)
+    assert CAUGHT == []
+    assert response.status_code == 502 and "location" not in response.headers
+    error = response.json()["error"]
+    assert error["code"] == "upstream_broken_response"
+    assert "answered with a redirect (307)" in error["message"]
+    assert PROVIDER_KEY not in response.text

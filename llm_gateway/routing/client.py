@@ -180,6 +180,16 @@ class UpstreamClient:
             raise _failure(provider.name, TIMEOUT, "upstream_timeout") from None
         except aiohttp.ClientError:
             raise _failure(provider.name, CONNECT, "upstream_unreachable") from None
+        if 300 <= response.status < 400:
+            # Never followed (the key would go wherever it points) nor relayed (the client
+            # would send its prompt there, past the gateway): a provider that redirects is
+            # misconfigured, and the next target is tried.
+            response.close()
+            raise UpstreamFailure(
+                "upstream_broken_response",
+                f"The upstream provider '{provider.name}' answered with a redirect "
+                f"({response.status}), which the gateway does not follow: check its base_url.",
+                kind=BROKEN)
         return UpstreamResponse(response, provider.name)
 
     async def aclose(self) -> None:
