@@ -267,7 +267,9 @@ def test_a_price_change_prices_requests_before_and_after_it_differently(
     tmp_path: Path, fake_url: str, monkeypatch,  # type: ignore[no-untyped-def]
 ) -> None:
     routes = one_provider(fake_url, "venice")
-    change_at = time.time() + 1.5
+    # Far enough ahead that the first request starts before it on a loaded machine too
+    # (1.5 s once was not: both requests were priced after the change).
+    change_at = time.time() + 4
     with routed_gateway(tmp_path, routes, monkeypatch) as gw:
         set_price(gw.database_url, "p", "llama-3.3-70b", "1", "2")
         set_price(gw.database_url, "p", "llama-3.3-70b", "10", "20", effective_from=change_at)
@@ -277,6 +279,7 @@ def test_a_price_change_prices_requests_before_and_after_it_differently(
         time.sleep(max(0.0, change_at - time.time()) + 0.05)
         assert gw.chat(key).status_code == 200
         before, after = gw.finished.wait_for(2)
+    assert before.started_at < change_at <= after.started_at
     assert before.cost_usd is not None and after.cost_usd is not None
     assert after.cost_usd == before.cost_usd * 10  # the same tokens, ten times the price
 
