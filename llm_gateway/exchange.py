@@ -35,6 +35,9 @@ _DROP_REQUEST_HEADERS = frozenset({
     "proxy-authorization", "proxy-connection", "te", "trailer", "transfer-encoding",
     "upgrade", "accept-encoding", "cookie", "x-api-key", "api-key", "user-agent",
     "traceparent", "tracestate",
+    # What the server-held key bills: an OpenAI key may belong to several organizations and
+    # projects, and the caller must not choose (a provider's `headers:` may set them).
+    "openai-organization", "openai-project",
 })
 # Never relayed to the client: hop-by-hop headers, and what the gateway recomputes
 # (length, encoding: bodies are decoded before they are observed).
@@ -130,7 +133,9 @@ class Exchange:
 
     def upstream_headers(self) -> Headers:
         assert self.provider is not None
-        headers = [(k, v) for k, v in self.request.headers if k not in _DROP_REQUEST_HEADERS]
+        owned = self.provider.owned_headers
+        headers = [(k, v) for k, v in self.request.headers
+                   if k not in _DROP_REQUEST_HEADERS and k not in owned]
         headers.extend(self.provider.headers)
         headers.extend(self.provider.auth_headers())
         headers.append(("accept-encoding", "identity"))

@@ -19,6 +19,7 @@ import yaml
 from llm_gateway.testing.fake_upstream import FakeUpstream, Fault
 from tests.routing_support import (
     CHAT,
+    PROVIDER_KEY,
     REFUSING,
     Clock,
     another_fake,
@@ -279,3 +280,27 @@ def test_unknown_models_and_context_windows(tmp_path: Path, fake_url: str,
         models = httpx.get(gw.url + "/v1/models",
                            headers={"authorization": f"Bearer {key}"}).json()
         assert [m["id"] for m in models["data"]] == ["chat-fast"]  # aliases only
+
+
+def test_a_caller_cannot_set_what_scopes_the_providers_key(
+    tmp_path: Path, monkeypatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """The provider's own headers (its organization, say) and its key header are the
+    gateway's: a caller's copy of them never reaches the provider, nor do OpenAI's
+    organization and project headers, which choose what the server-held key bills."""
+    routes = {"providers": {"p": provider("", profile="openai", auth={"header": "x-provider-key"},
+                                          headers={"openai-organization": "org-gateway",
+                                                   "x-team": "platform"})},
+              "models": {"chat-fast": {"targets": [{"provider": "p", "model": "gpt-4o-mini"}]}}}
+    with another_fake(auth_header="x-provider-key") as (fake, url):
+        routes["providers"]["p"]["base_url"] = url
+        with routed_gateway(tmp_path, routes, monkeypatch) as gw:
+            answer = gw.chat(gw.key(), {**CHAT, "model": "chat-fast"}, **{
+                "openai-organization": "org-caller", "openai-project": "proj-caller",
+                "x-team": "caller", "x-provider-key": "sk-callers-own", "x-app": "kept"})
+    assert answer.status_code == 200, answer.text
+    seen = fake.requests[-1].headers
+    assert seen["openai-organization"] == "org-gateway" and seen["x-team"] == "platform"
+    assert seen["x-provider-key"] == PROVIDER_KEY
+    assert "openai-project" not in seen
+    assert seen["x-app"] == "kept"  # the caller's own headers still go

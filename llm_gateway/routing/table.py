@@ -40,6 +40,15 @@ class ProviderConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     requests_per_minute: int = 0  # provider-wide, 0: none
     tokens_per_minute: int = 0
+    # The request headers this provider's configuration sets (its static headers, its key's
+    # header): the gateway's alone, so a caller's copy of any of them is never sent along.
+    owned_headers: frozenset[str] = field(init=False, default=frozenset())
+
+    def __post_init__(self) -> None:
+        owned = {name.lower() for name, _ in self.headers}
+        if self.auth_header is not None:
+            owned.add(self.auth_header.lower())
+        object.__setattr__(self, "owned_headers", frozenset(owned))
 
     @property
     def host(self) -> str:
