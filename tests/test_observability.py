@@ -24,7 +24,6 @@ dashboard from their sources (the tests fail while they differ).
 
 from __future__ import annotations
 
-import datetime
 import http.server
 import json
 import math
@@ -58,7 +57,13 @@ from llm_gateway.k8s.settings import (  # noqa: E402
     STATUS_ANNOTATION,
     STATUS_INJECTED,
 )
-from tests.support import free_port, need_service, stop_process, wait_until_up  # noqa: E402
+from tests.support import (  # noqa: E402
+    free_port,
+    need_service,
+    self_signed_certificate,
+    stop_process,
+    wait_until_up,
+)
 
 OBSERVABILITY = REPO / "deploy" / "observability"
 RULES = OBSERVABILITY / "prometheus" / "rules.yaml"
@@ -1079,32 +1084,6 @@ def test_the_health_check_knows_every_role_and_its_default_address() -> None:
     }
 
 
-def _self_signed(directory: Path) -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "llm-gateway-injector")])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName("llm-gateway-injector.llm-gateway.svc")]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    cert, private = directory / "tls.crt", directory / "tls.key"
-    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                          serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    return cert, private
-
-
 def _role(tmp_path: Path, role: str) -> tuple[list[str], dict[str, str], str]:
     """The real command line of ``role`` on free ports: (arguments, env, its /healthz)."""
     port, other = free_port(), free_port()
@@ -1116,7 +1095,7 @@ def _role(tmp_path: Path, role: str) -> tuple[list[str], dict[str, str], str]:
         return (["sidecar", "--listen", f"127.0.0.1:{other}", "--admin", f"127.0.0.1:{port}",
                  "--ca-dir", str(tmp_path / "ca")], env, f"http://127.0.0.1:{port}")
     if role == "injector-tls":
-        cert, key = _self_signed(tmp_path)
+        cert, key, _ = self_signed_certificate(tmp_path)
         return (["injector", f"--listen=127.0.0.1:{port}", "--tls-cert", str(cert),
                  "--tls-key", str(key)], env, f"https://127.0.0.1:{port}")
     assert role == "injector"

@@ -26,44 +26,38 @@ def tls_fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeUps
         yield fake, url, cert
 
 
-def _ask(public: str, key: str) -> httpx.Response:
-    return httpx.post(public + "/v1/chat/completions", timeout=30,
-                      headers={"authorization": f"Bearer {key}"},
-                      json={"model": "llama-3.3-70b", "max_tokens": 8,
-                            "messages": [{"role": "user", "content": "hello over TLS"}]})
-
-
-def _env(tmp_path: Path, base_url: str) -> tuple[dict[str, str], str]:
+def _ask_through_gateway(tls_fake: tuple[FakeUpstream, str, Path], tmp_path: Path,
+                         **env: str) -> httpx.Response:
+    """One chat request through a `serve` process whose provider is the TLS fake."""
+    fake, url, _ = tls_fake
+    fake.reset()
     database_url = fresh_database_url(tmp_path)
     _, key = create_key(database_url)
-    env = {"DATABASE_URL": database_url, "VENICE_API_KEY": PROVIDER_KEY,
-           "VENICE_BASE_URL": base_url, "USAGE_SPOOL_DIR": str(tmp_path / "spool")}
-    return env, key
+    with gateway_process({"DATABASE_URL": database_url, "VENICE_API_KEY": PROVIDER_KEY,
+                          "VENICE_BASE_URL": url, "USAGE_SPOOL_DIR": str(tmp_path / "spool"),
+                          **env}) as public:
+        return httpx.post(public + "/v1/chat/completions", timeout=30,
+                          headers={"authorization": f"Bearer {key}"},
+                          json={"model": "llama-3.3-70b", "max_tokens": 8,
+                                "messages": [{"role": "user", "content": "hello over TLS"}]})
 
 
 def test_a_provider_whose_certificate_is_trusted_answers(
     tls_fake: tuple[FakeUpstream, str, Path], tmp_path: Path
 ) -> None:
-    fake, url, cert = tls_fake
-    fake.reset()
-    env, key = _env(tmp_path, url)
-    with gateway_process({**env, "SSL_CERT_FILE": str(cert)}) as public:
-        answer = _ask(public, key)
+    answer = _ask_through_gateway(tls_fake, tmp_path, SSL_CERT_FILE=str(tls_fake[2]))
     assert answer.status_code == 200, answer.text
     assert answer.json()["choices"][0]["message"]["content"]
-    assert [request.headers.get("authorization") for request in fake.requests] == [
+    assert [request.headers.get("authorization") for request in tls_fake[0].requests] == [
         f"Bearer {PROVIDER_KEY}"]
 
 
 def test_a_provider_whose_certificate_is_not_trusted_never_sees_the_key(
     tls_fake: tuple[FakeUpstream, str, Path], tmp_path: Path
 ) -> None:
-    fake, url, _ = tls_fake
-    fake.reset()
-    env, key = _env(tmp_path, url)
-    with gateway_process(env) as public:  # the system's roots only: the fake's is not there
-        answer = _ask(public, key)
+    # The system's roots only: the fake's certificate is not among them.
+    answer = _ask_through_gateway(tls_fake, tmp_path)
     assert answer.status_code == 502, answer.text
     assert answer.json()["error"]["code"] == "upstream_unreachable"
     assert PROVIDER_KEY not in answer.text
-    assert fake.requests == []  # no TLS session, so no request and no key reached it
+    assert tls_fake[0].requests == []  # no TLS session, so no request and no key reached it
