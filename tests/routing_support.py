@@ -17,12 +17,12 @@ from llm_gateway.testing.fake_upstream import FakeUpstream, running_fake_upstrea
 from llm_gateway.testing.records import RecordedUsage
 from llm_gateway.wiring import build_gateway
 from tests.conftest import make_settings
-from tests.support import create_key, free_port, serve_in_thread
+from tests.support import closed_port, create_key, serve_in_thread
 
 CHAT = {"model": "chat-fast", "messages": [{"role": "user", "content": "Hello"}]}
 PROVIDER_KEY = "sk-fake-upstream"
 # Nothing listens here: connections are refused at once.
-REFUSING = f"http://127.0.0.1:{free_port()}/api/v1"
+REFUSING = f"http://127.0.0.1:{closed_port()}/api/v1"
 
 
 class Clock:

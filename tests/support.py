@@ -51,6 +51,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+_CLOSED: list[socket.socket] = []
+
+
+def closed_port() -> int:
+    """A port where nothing listens, kept so for the rest of the run: bound but never
+    listening (a connection is refused at once), so no server started later can take it.
+    A port free_port() had picked once was taken by another test's gateway, which then
+    answered in place of "refused"."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    _CLOSED.append(sock)
+    return int(sock.getsockname()[1])
+
+
 def need_service(what: str, reachable: bool) -> None:
     """Outside CI a missing service skips with the reason; in CI it fails the test."""
     if reachable:

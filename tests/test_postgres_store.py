@@ -22,7 +22,7 @@ from llm_gateway.keys import KeyRecord, key_prefix, new_key_record
 from llm_gateway.stores import StoreUnavailable, open_store
 from llm_gateway.stores.migrations import MIGRATIONS
 from llm_gateway.stores.postgres import PostgresStore
-from tests.support import BIN, free_port, send_keys_as_prompts
+from tests.support import BIN, closed_port, send_keys_as_prompts
 
 
 def with_store[T](url: str, work: Callable[[PostgresStore], Awaitable[T]]) -> T:
@@ -213,7 +213,7 @@ def test_postgres_never_holds_a_key_in_plain_text(start_gateway, postgres_url, f
 
 
 def test_unreachable_database_raises_store_unavailable() -> None:
-    store = PostgresStore(f"postgresql://postgres@127.0.0.1:{free_port()}/nothing")
+    store = PostgresStore(f"postgresql://postgres@127.0.0.1:{closed_port()}/nothing")
 
     async def lookup() -> None:
         try:

@@ -16,7 +16,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llm_gateway.redis_scripts import RedisScripts, Script
-from tests.support import PrivateRedis, free_port, private_redis, redis_reachable
+from tests.support import PrivateRedis, closed_port, free_port, private_redis, redis_reachable
 
 ECHO = Script("return ARGV[1]")
 INCR = Script("return redis.call('INCRBY', KEYS[1], ARGV[1])")
@@ -175,7 +175,7 @@ def test_credentials_and_database_come_from_the_url(tmp_path: Path) -> None:
 
 def test_nothing_listening_fails_at_once() -> None:
     async def run() -> None:
-        scripts = RedisScripts(f"redis://127.0.0.1:{free_port()}/0")
+        scripts = RedisScripts(f"redis://127.0.0.1:{closed_port()}/0")
         started = time.monotonic()
         with pytest.raises(RedisConnectionError, match="not reachable"):
             await scripts.run(ECHO, [], ["x"])

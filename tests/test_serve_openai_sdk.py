@@ -17,6 +17,7 @@ from llm_gateway.testing.fake_upstream import FakeUpstream, Fault
 from tests.support import (
     BIN,
     assert_stream_not_buffered,
+    closed_port,
     create_key,
     free_port,
     gateway_process,
@@ -133,7 +134,7 @@ def test_serve_without_provider_key_refuses_to_start(tmp_path: Path) -> None:
 
 def test_serve_with_its_key_store_down_exits_with_one_line(tmp_path: Path) -> None:
     env = {**os.environ, "VENICE_API_KEY": "sk-fake-upstream",
-           "DATABASE_URL": f"postgresql://postgres@127.0.0.1:{free_port()}/test",
+           "DATABASE_URL": f"postgresql://postgres@127.0.0.1:{closed_port()}/test",
            "BIND_ADDR": f"127.0.0.1:{free_port()}", "ADMIN_BIND_ADDR": "off"}
     result = subprocess.run([str(BIN / "llm-gateway"), "serve"], env=env, capture_output=True,
                             text=True, timeout=60)

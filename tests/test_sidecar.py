@@ -46,6 +46,7 @@ from tests.support import (
     BIN,
     REPO,
     assert_stream_not_buffered,
+    closed_port,
     create_key,
     free_port,
     self_signed_certificate,
@@ -610,7 +611,7 @@ def test_upstream_connections_are_reused(
 
 
 def test_an_unreachable_upstream_gets_the_gateways_502(tmp_path: Path) -> None:
-    closed = f"http://127.0.0.1:{free_port()}/api/v1"
+    closed = f"http://127.0.0.1:{closed_port()}/api/v1"
     with sidecar_process(closed, tmp_path, "--mode", "reverse",
                          env={"VENICE_MAX_RETRIES": "1"}) as sidecar:
         client = openai.OpenAI(base_url=sidecar.proxy + "/v1", api_key=sidecar.key(),
@@ -841,7 +842,7 @@ def test_a_key_store_down_at_start_stops_the_sidecar_with_one_line(
 ) -> None:
     port = free_port()
     finished = sidecar_that_cannot_start(
-        tmp_path, fake_url, port, f"postgresql://postgres@127.0.0.1:{free_port()}/test")
+        tmp_path, fake_url, port, f"postgresql://postgres@127.0.0.1:{closed_port()}/test")
     assert finished.returncode == 1
     [line] = [line for line in finished.stderr.splitlines() if " ERROR " in line]
     assert "cannot start: the key store is unreachable" in line
