@@ -44,7 +44,12 @@ _DROP_REQUEST_HEADERS = frozenset({
 _DROP_RESPONSE_HEADERS = frozenset({
     "connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
     "proxy-connection", "trailer", "upgrade", "set-cookie", "date", "server",
+    # Which account the server-held key belongs to is the operator's business, not an app's.
+    "openai-organization", "openai-project",
 })
+# The provider's own request id: relayed under this name, as the client's x-request-id is
+# the gateway's (the one in the usage record), and a second one would garble it.
+UPSTREAM_REQUEST_ID = "x-llm-gateway-upstream-request-id"
 # nginx's convention for "the client closed the request".
 CLIENT_CLOSED_REQUEST = 499
 try:
@@ -170,6 +175,8 @@ class Exchange:
             lower = name.lower()
             if lower in _DROP_RESPONSE_HEADERS or lower.startswith("x-ratelimit-"):
                 continue
+            if lower == "x-request-id":
+                lower = UPSTREAM_REQUEST_ID
             if lower == "content-type" and status == 200 and value.startswith("text/event-stream"):
                 self.is_sse = True
                 self.facts = StreamObserver(self.profile)

@@ -55,6 +55,18 @@ def test_the_upstream_gets_the_provider_key_and_never_the_callers_credentials() 
     assert made.upstream_url() == "https://api.venice.ai/api/v1/chat/completions"
 
 
+def test_the_providers_request_id_and_account_are_not_passed_off_as_the_gateways() -> None:
+    made, _ = exchange()
+    headers = made.on_response_start(200, [
+        ("Content-Type", "application/json"), ("X-Request-Id", "req_provider"),
+        ("openai-organization", "org-operator"), ("openai-project", "proj_operator"),
+        ("openai-processing-ms", "12")])
+    assert [v for k, v in headers if k == "x-request-id"] == [made.request_id]
+    assert ("x-llm-gateway-upstream-request-id", "req_provider") in headers
+    assert not any(k.startswith("openai-org") or k == "openai-project" for k, _ in headers)
+    assert ("openai-processing-ms", "12") in headers
+
+
 def test_a_json_answer_is_recorded_from_its_body() -> None:
     made, records = exchange()
     headers = made.on_response_start(200, [("Content-Type", "application/json"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -63,6 +64,12 @@ def test_sync_json_and_passthrough_fields(served, fake: FakeUpstream) -> None:
     # The gateway added nothing to the body (Venice refuses unknown top-level fields).
     assert set(seen.json) == {"model", "messages", "temperature", "venice_parameters"}
     upstream_saw_only_the_server_key(fake, key)
+    # The SDK's request id is the gateway's (the usage record's), one value; the provider's
+    # own comes under a name of its own.
+    raw = client.chat.completions.with_raw_response.create(model="llama-3.3-70b",
+                                                          messages=MESSAGES)  # type: ignore[arg-type]
+    assert re.fullmatch(r"req_[0-9a-f]{24}", raw.request_id or "")
+    assert raw.headers["x-llm-gateway-upstream-request-id"].startswith("req_fake")
 
 
 def test_sync_stream(served, fake: FakeUpstream) -> None:

@@ -3,6 +3,7 @@ any queued fault and hands the request to its endpoint."""
 
 import hmac
 import re
+import secrets
 import time
 
 from llm_gateway.asgi_types import Message, Receive, Scope, Send, answer_lifespan
@@ -110,6 +111,7 @@ class FakeUpstream:
             self.in_flight -= 1
 
     async def _answer(self, scope: Scope, receive: Receive, send: Send) -> None:
+        send = _with_request_id(send)
         body = await read_body(receive)
         headers = header_dict(scope["headers"])
         body_json = parse_json(body)
@@ -200,6 +202,21 @@ class FakeUpstream:
             await fake_endpoints.embeddings(exchange, fault)
         else:
             await fake_endpoints.models(exchange, fault)
+
+
+def _with_request_id(send: Send) -> Send:
+    """``send``, with the provider's own ``x-request-id`` on every answer, as OpenAI (and
+    most OpenAI-compatible servers) send one: a gateway must not pass it off as its own."""
+    request_id = f"req_fake{secrets.token_hex(8)}".encode()
+
+    async def identified_send(message: Message) -> None:
+        headers = message.get("headers", [])
+        if message["type"] == "http.response.start" and not any(
+                name.lower() == b"x-request-id" for name, _ in headers):  # a fault's own wins
+            message = {**message, "headers": [*headers, (b"x-request-id", request_id)]}
+        await send(message)
+
+    return identified_send
 
 
 def _recording(send: Send, sent: bytearray) -> Send:
