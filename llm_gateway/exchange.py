@@ -28,25 +28,24 @@ from llm_gateway.routing.table import ProviderConfig, Target
 from llm_gateway.telemetry.tracing import Trace
 from llm_gateway.tokens import estimate_prompt
 
+# Which account the server-held key bills (an OpenAI key may belong to several
+# organizations and projects): the gateway's to set (a provider's `headers:`), never a
+# caller's, and never told to an app either.
+_KEY_ACCOUNT_HEADERS = frozenset({"openai-organization", "openai-project"})
 # Never forwarded upstream: the caller's credentials, hop-by-hop headers, and anything
 # the gateway sets itself.
-_DROP_REQUEST_HEADERS = frozenset({
+_DROP_REQUEST_HEADERS = _KEY_ACCOUNT_HEADERS | {
     "authorization", "host", "content-length", "connection", "keep-alive",
     "proxy-authorization", "proxy-connection", "te", "trailer", "transfer-encoding",
     "upgrade", "accept-encoding", "cookie", "x-api-key", "api-key", "user-agent",
     "traceparent", "tracestate",
-    # What the server-held key bills: an OpenAI key may belong to several organizations and
-    # projects, and the caller must not choose (a provider's `headers:` may set them).
-    "openai-organization", "openai-project",
-})
+}
 # Never relayed to the client: hop-by-hop headers, and what the gateway recomputes
 # (length, encoding: bodies are decoded before they are observed).
-_DROP_RESPONSE_HEADERS = frozenset({
+_DROP_RESPONSE_HEADERS = _KEY_ACCOUNT_HEADERS | {
     "connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
     "proxy-connection", "trailer", "upgrade", "set-cookie", "date", "server",
-    # Which account the server-held key belongs to is the operator's business, not an app's.
-    "openai-organization", "openai-project",
-})
+}
 # The provider's own request id: relayed under this name, as the client's x-request-id is
 # the gateway's (the one in the usage record), and a second one would garble it.
 UPSTREAM_REQUEST_ID = "x-llm-gateway-upstream-request-id"
