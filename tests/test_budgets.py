@@ -94,7 +94,11 @@ def test_a_stream_stops_where_its_budget_ends(tmp_path: Path, fake_url: str,
         assert done == "data: [DONE]"
         [stopped] = gw.finished.wait_for(1)
         assert stopped.error_code == "insufficient_quota"
-        assert stopped.cost_usd is not None and stopped.cost_usd <= Decimal("0.001")
+        # Settled to what was delivered: the frame that reached the budget went out (about
+        # 9 tokens by the estimate), and nothing after it; the provider's usage, had it
+        # come in the same read, may say less.
+        assert stopped.completion_tokens <= 100 + 10
+        assert stopped.cost_usd is not None and stopped.cost_usd <= Decimal("0.0011")
 
 
 def _seeded(database_url: str) -> list[UsageRecord]:
