@@ -101,6 +101,31 @@ async def test_a_request_goes_as_http_1_1_and_keep_alive_reuses_the_connection(s
     await client.aclose()
 
 
+async def test_a_kept_connection_closed_as_the_request_went_is_tried_once_anew(serve) -> None:  # type: ignore[no-untyped-def]
+    """The provider's idle timeout closing a pooled connection just as a request is
+    written: nothing was answered, so the request goes once more, on a new connection.
+    A new connection closed unanswered is a failure (the request may have run)."""
+    answered: set[int] = set()
+
+    def once_per_connection(_: bytes, writer: asyncio.StreamWriter) -> None:
+        if id(writer) in answered:
+            writer.close()  # as if its keep-alive ran out
+            return
+        answered.add(id(writer))
+        fixed(b"{}")(_, writer)
+
+    server, url = await serve(once_per_connection)
+    client = UpstreamClient()
+    for _ in range(2):
+        assert await (await send(client, url)).read(10) == b"{}"
+    assert server.connections == 2 and len(server.requests) == 3
+
+    _, url = await serve(lambda request, writer: writer.close())
+    with pytest.raises(UpstreamFailure) as failure:
+        await send(client, url)
+    assert failure.value.code == "upstream_unreachable"
+
+
 async def test_chunked_and_until_close_bodies_arrive_whole(serve) -> None:  # type: ignore[no-untyped-def]
     def chunked(_: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"

@@ -198,26 +198,9 @@ class UpstreamClient:
     ) -> UpstreamResponse:
         """One attempt: the response once its headers arrived (the body is the caller's to
         read, stream or close). Raises UpstreamFailure with ``kind`` connect or timeout."""
-        timeouts = provider.timeouts
         origin, target, host = _split(url)
         head = request_head(method, target, host, headers, body)
-        try:
-            connection = await self._pool.acquire(origin, timeouts.connect)
-        except TimeoutError:
-            raise _failure(provider.name, TIMEOUT, "upstream_timeout") from None
-        except OSError:  # refused, unreachable, name unknown, TLS refused or untrusted
-            raise _failure(provider.name, CONNECT, "upstream_unreachable") from None
-        try:
-            connection.send(head, body)
-            await connection.answer_head(connection.loop.time() + timeouts.first_byte)
-        except TimeoutError:
-            connection.abort()
-            raise _failure(provider.name, TIMEOUT, "upstream_timeout") from None
-        except ConnectionBroken:
-            raise _failure(provider.name, CONNECT, "upstream_unreachable") from None
-        except BaseException:
-            connection.abort()  # cancelled: the answer, if any, is nobody's
-            raise
+        connection = await self._answer_head(provider, origin, head, body)
         status = connection.status
         if 300 <= status < 400:
             # Never followed (the key would go wherever it points) nor relayed (the client
@@ -240,6 +223,34 @@ class UpstreamClient:
                 f"The upstream provider '{provider.name}' answered in an encoding the "
                 f"gateway cannot read ({exc}).", kind=BROKEN) from None
         return UpstreamResponse(connection, self._pool, provider.name, read_timeout, decoder)
+
+    async def _answer_head(self, provider: ProviderConfig, origin: Origin, head: bytes,
+                           body: bytes) -> Http1Connection:
+        """The request sent, and the connection once the answer's head is in."""
+        timeouts = provider.timeouts
+        for last_try in (False, True):
+            try:
+                connection = await self._pool.acquire(origin, timeouts.connect, new=last_try)
+            except TimeoutError:
+                raise _failure(provider.name, TIMEOUT, "upstream_timeout") from None
+            except OSError:  # refused, unreachable, name unknown, TLS refused or untrusted
+                raise _failure(provider.name, CONNECT, "upstream_unreachable") from None
+            try:
+                connection.send(head, body)
+                await connection.answer_head(connection.loop.time() + timeouts.first_byte)
+                return connection
+            except TimeoutError:
+                connection.abort()
+                raise _failure(provider.name, TIMEOUT, "upstream_timeout") from None
+            except ConnectionBroken:
+                if last_try or not connection.reused or connection.answered:
+                    raise _failure(provider.name, CONNECT, "upstream_unreachable") from None
+                # A kept-alive connection the provider closed as the request went out
+                # (its idle timeout): nothing was answered, so once more, on a new one.
+            except BaseException:
+                connection.abort()  # cancelled: the answer, if any, is nobody's
+                raise
+        raise AssertionError("unreachable")
 
     async def aclose(self) -> None:
         self._pool.close()

@@ -51,6 +51,7 @@ class Http1Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
+        self.reused = False  # taken from the pool, rather than opened for this request
         self._busy = False
         self._waiter: asyncio.Future[None] | None = None
         self._timed_out = False
@@ -58,6 +59,7 @@ class Http1Connection(asyncio.Protocol):
 
     def _start_answer(self) -> None:
         self._parser = httptools.HttpResponseParser(self)
+        self.answered = False  # any byte of an answer came
         self.status = 0
         self.headers: list[tuple[str, str]] = []
         self._received_before_head = 0
@@ -144,6 +146,7 @@ class Http1Connection(asyncio.Protocol):
             self.keep_alive = False
             self.abort()
             return
+        self.answered = True
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError:
@@ -224,16 +227,18 @@ class ConnectionPool:
         self._tls: ssl.SSLContext | None = None
         self._swept_at = 0.0
 
-    async def acquire(self, origin: Origin, connect_timeout: float) -> Http1Connection:
-        """An idle connection to ``origin`` or a new one. Raises TimeoutError or OSError
-        (ssl.SSLError among them) when a new one cannot be made."""
+    async def acquire(self, origin: Origin, connect_timeout: float, *,
+                      new: bool = False) -> Http1Connection:
+        """An idle connection to ``origin`` (unless ``new``) or a new one. Raises
+        TimeoutError or OSError (ssl.SSLError among them) when a new one cannot be made."""
         loop = asyncio.get_running_loop()
         idle = self._idle.get(origin)
-        if idle:
+        if idle and not new:
             now = loop.time()
             while idle:
                 connection = idle.pop()
                 if not connection.closed and now - connection.idle_since < KEEPALIVE_SECONDS:
+                    connection.reused = True
                     return connection
                 connection.abort()
         scheme, host, port = origin
