@@ -1,17 +1,13 @@
 """Connection limits: idle, slow and oversized clients are reaped, on `serve` and the sidecar.
 
-In process, the layers as the servers use them: uvicorn with ``connection_options`` and a
-sidecar (in a thread) with the ``ConnectionGuard``. Then real processes under a file
+In process, the layers as the servers use them: uvicorn with ``connection_options`` (which
+also serves a reverse-mode sidecar's port), and a regular-mode sidecar (in a thread) with
+the ``ConnectionGuard``, inside its TLS tunnels. Then real processes under a file
 descriptor limit of 512: 600 slow sockets, and a 200 MB header.
 
 Deadlines are short here (1 s for headers and idle, 1.5 s for bodies); a socket must be
 closed within its deadline plus ``MARGIN``, and not before its deadline.
 """
-
-# WIRING (for the lead): the tests of the last section ("real processes") start
-# `llm-gateway serve` and `llm-gateway sidecar`; they pass once adapters/server.py gives
-# uvicorn.Config ``**connection_options(settings)`` and adapters/sidecar.py adds
-# ``ConnectionGuard(self.gateway)`` to its master. Until then they fail, as today's code does.
 
 from __future__ import annotations
 
@@ -224,9 +220,12 @@ def limited_uvicorn(settings: Settings, app: object) -> Iterator[tuple[str, int]
 
 
 def guarded(sidecar: Sidecar) -> None:
-    """The guard on a running sidecar, unless the sidecar adds it itself."""
+    """The guard on a running regular-mode sidecar, unless the sidecar adds it itself (a
+    reverse-mode sidecar is served as `serve` is, with its connection limits)."""
     master = sidecar._master
-    assert master is not None
+    if master is None:
+        assert sidecar.mode == "reverse"
+        return
     if master.addons.get("connectionguard") is not None:
         return
     added = threading.Event()
@@ -361,7 +360,7 @@ def test_inside_tls_a_slow_head_is_closed_and_an_oversized_one_refused(
         431, "request_header_fields_too_large")
 
 
-# ---- real processes under a file-descriptor limit of 512 (see WIRING at the top) -------
+# ---- real processes under a file-descriptor limit of 512 -----------------------------
 
 FD_LIMIT = 512
 SLOW_SOCKETS = 600
