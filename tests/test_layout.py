@@ -38,16 +38,18 @@ def test_no_module_or_function_is_oversized() -> None:
 
 def test_a_gateway_imports_no_library_its_settings_do_not_use(tmp_path) -> None:
     """redis-py, PyJWT, cryptography and httpx cost a process ~22 MiB together: a gateway
-    without REDIS_URL, JWT callers or sealed provider keys never imports them."""
+    without REDIS_URL, JWT callers or sealed provider keys never imports them. Nor does a
+    sidecar module that may run in reverse mode import mitmproxy (~55 MiB), nor the
+    upstream client aiohttp (now the tests' only)."""
     script = (
         "import sys\n"
         "from llm_gateway.config import load_settings\n"
         "from llm_gateway.wiring import build_gateway\n"
-        "import llm_gateway.adapters.server, llm_gateway.cli.run\n"
+        "import llm_gateway.adapters.server, llm_gateway.adapters.sidecar, llm_gateway.cli.run\n"
         f"build_gateway(load_settings({{'DATABASE_URL': 'sqlite:///{tmp_path / 'g.db'}',"
         " 'VENICE_API_KEY': 'sk-test'}))\n"
         "print(' '.join(sorted({m.split('.')[0] for m in sys.modules}"
-        " & {'redis', 'jwt', 'cryptography', 'httpx', 'psycopg'})))\n"
+        " & {'redis', 'jwt', 'cryptography', 'httpx', 'psycopg', 'mitmproxy', 'aiohttp'})))\n"
     )
     found = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
                            text=True, timeout=60, check=True)

@@ -29,28 +29,20 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
-from mitmproxy import options as mitm_options
-from mitmproxy.addons import (
-    block,
-    core,
-    disable_h2c,
-    errorcheck,
-    next_layer,
-    proxyserver,
-    tlsconfig,
-)
-from mitmproxy.master import Master
 
-from llm_gateway.adapters.ca import install_for_mitmproxy, load_or_create_ca, write_ca_bundle
-from llm_gateway.adapters.mitm_addon import GatewayAddon
-from llm_gateway.adapters.mitm_guard import ConnectionGuard
 from llm_gateway.adapters.server import server_config
 from llm_gateway.config import HostPort, Settings, host_port_argument
 from llm_gateway.engine import Gateway, Readiness
 from llm_gateway.stores import StoreUnavailable
 from llm_gateway.wiring import build_gateway
+
+if TYPE_CHECKING:
+    from mitmproxy.master import Master
+
+    from llm_gateway.adapters.mitm_addon import GatewayAddon
 
 log = logging.getLogger("llm_gateway.sidecar")
 
@@ -120,27 +112,6 @@ class AdminListener:
                 await asyncio.wait_for(self._task, 5)
 
 
-class StartupErrorCheck(errorcheck.ErrorCheck):
-    """mitmproxy's start-up check (an error it logs while starting, a failed bind say, exits
-    the process), narrowed to mitmproxy's own records, and telling when start-up is over.
-
-    The stock check listens on the root logger until the ``running`` hooks are done, and the
-    proxy port is open by then: an error the gateway logs for an early request (a key store
-    that raised, answered 500) would otherwise exit the whole sidecar.
-    """
-
-    name = "errorcheck"  # the name the master looks the check up by
-
-    def __init__(self) -> None:
-        super().__init__(repeat_errors_on_stderr=True)
-        self.logger.addFilter(lambda record: record.name.startswith("mitmproxy"))
-        self.over = asyncio.Event()
-
-    def finish(self) -> None:
-        super().finish()
-        self.over.set()
-
-
 class Sidecar:
     """Regular mode: a mitmproxy master with the addons a sidecar needs (and no others)
     and the gateway addon; reverse mode: the gateway's own HTTP server. With the admin
@@ -159,7 +130,7 @@ class Sidecar:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         self.gateway = gateway
-        self.addon = GatewayAddon(gateway)
+        self.addon: GatewayAddon | None = None  # regular mode's, once it runs
         self.mode = mode
         self.listen = listen
         self.admin = admin
@@ -177,6 +148,11 @@ class Sidecar:
         if self.mode == "reverse":
             await self._run_reverse()
             return
+        # mitmproxy is imported here only: a reverse-mode sidecar never loads it.
+        from llm_gateway.adapters.mitm_addon import GatewayAddon
+        from llm_gateway.adapters.sidecar_proxy import intercepting_master, wait_until_started
+
+        self.addon = GatewayAddon(self.gateway)
         # The engine first: no request meets an engine still starting (the addon's own
         # ``running`` hook, there for mitmdump, finds it started), and a store that is down
         # stops the sidecar before mitmproxy has hooked itself into logging.
@@ -185,38 +161,14 @@ class Sidecar:
         except BaseException:
             await self.gateway.close()
             raise
-        master = Master(mitm_options.Options(), event_loop=asyncio.get_running_loop())
+        master, proxy_server, startup_check = intercepting_master(
+            self.gateway, self.addon, self.listen, self.confdir)
         self._master = master
-        proxy_server = proxyserver.Proxyserver()
-        startup_check = StartupErrorCheck()
-        master.addons.add(
-            core.Core(),
-            block.Block(),  # refuses clients from public addresses: never an open proxy
-            disable_h2c.DisableH2C(),
-            proxy_server,
-            next_layer.NextLayer(),
-            # Reviews NextLayer's choices: connection deadlines, header size, and a
-            # tunnel decided by its CONNECT target, never by the SNI alone.
-            ConnectionGuard(self.gateway),
-            tlsconfig.TlsConfig(),
-            startup_check,
-            self.addon,
-        )
-        master.options.update(
-            mode=["regular"],
-            listen_host=self.listen[0],
-            listen_port=self.listen[1],
-            confdir=str(self.confdir),
-            # Also enforced by the addon; set here so no other value is ever live.
-            connection_strategy="lazy",
-            upstream_cert=False,
-            http3=False,
-        )
         if self.admin is not None:
             self.admin_address = await self._admin_server.start(*self.admin)
         try:
             runner = asyncio.get_running_loop().create_task(master.run())
-            await self._wait_until_started(proxy_server, startup_check, runner)
+            self.proxy_address = await wait_until_started(proxy_server, startup_check, runner)
             self.started.set()
             log.info("llm-gateway sidecar (%s mode): proxy %s, admin %s",
                      self.mode, self.proxy_address, self.admin_address)
@@ -265,19 +217,6 @@ class Sidecar:
                 await asyncio.wait_for(runner, 10)
             await self.gateway.close()
 
-    async def _wait_until_started(
-        self, proxy_server: proxyserver.Proxyserver, startup_check: StartupErrorCheck,
-        runner: asyncio.Task[None],
-    ) -> None:
-        while not (proxy_server.is_running and startup_check.over.is_set()):
-            if runner.done():
-                runner.result()  # raises what stopped it
-                return
-            await asyncio.sleep(0.01)
-        addresses = proxy_server.listen_addrs()
-        if addresses:
-            self.proxy_address = (addresses[0][0], addresses[0][1])
-
     def shutdown(self) -> None:
         """Stop serving; safe to call from any thread."""
         if self._master is not None:
@@ -310,16 +249,26 @@ def sidecar_main(argv: list[str], settings: Settings) -> int:
     # Connection-level lines (client connect, server connect...) for every request cost
     # CPU and say nothing usage records do not; mitmproxy's warnings and errors remain.
     logging.getLogger("mitmproxy").setLevel(logging.WARNING)
-    ca = load_or_create_ca(arguments.ca_dir)
-    log.info("CA: %s (SHA-256 %s)", ca.source, ca.fingerprint)
     # mitmproxy reads its CA from a directory it may write to; the CA directory may be a
     # read-only Secret, so mitmproxy gets a private copy that goes with the process.
     runtime_dir = Path(tempfile.mkdtemp(prefix="llm-gateway-sidecar-"))
     try:
-        install_for_mitmproxy(ca, runtime_dir)
-        if arguments.ca_bundle_out is not None:
-            write_ca_bundle(ca, arguments.ca_bundle_out)
-            log.info("CA bundle written to %s", arguments.ca_bundle_out)
+        # Reverse mode intercepts nothing: the CA is read (or made) only for a bundle
+        # asked for (a pod's manifests may ask in either mode).
+        if arguments.mode == "regular" or arguments.ca_bundle_out is not None:
+            from llm_gateway.adapters.ca import (
+                install_for_mitmproxy,
+                load_or_create_ca,
+                write_ca_bundle,
+            )
+
+            ca = load_or_create_ca(arguments.ca_dir)
+            log.info("CA: %s (SHA-256 %s)", ca.source, ca.fingerprint)
+            if arguments.mode == "regular":
+                install_for_mitmproxy(ca, runtime_dir)
+            if arguments.ca_bundle_out is not None:
+                write_ca_bundle(ca, arguments.ca_bundle_out)
+                log.info("CA bundle written to %s", arguments.ca_bundle_out)
         asyncio.run(_serve(arguments, settings, runtime_dir),
                     loop_factory=_loop_factory(arguments.mode))
     except StoreUnavailable as exc:
