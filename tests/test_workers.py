@@ -307,7 +307,10 @@ def sigterm_stops_every_worker_cleanly_with_one_usage_record_per_admitted_reques
     assert {int(pid): int(exits[str(pid)]) for pid in pids} == dict.fromkeys(pids, 0)
     records = usage_records(workers.database_url)
     assert len({r.request_id for r in records}) == len(records)
-    assert collections.Counter(r.key_id for r in records) == workers.admitted
+    # Failed twice in CI's Postgres pass at stop 22 (5 and 4 of these 6 records missing,
+    # every worker exited 0), never alone: the workers' log says what their last flush did.
+    assert collections.Counter(r.key_id for r in records) == workers.admitted, (
+        workers.log()[-6000:])
 
 
 def test_two_workers_through_their_life(workers: Served,
