@@ -447,3 +447,27 @@ def test_the_usage_writer_applies_retention_at_start(
     said = [r.getMessage() for r in caplog.records if "usage retention" in r.getMessage()]
     assert len(said) == 1 and "dropped" in said[0], said
 
+
+
+async def test_closing_the_writer_mid_batch_loses_no_record_to_the_database() -> None:
+    """A graceful stop that comes while a batch is being written (the writer's own 50 ms
+    pass) waits for that batch: cancelling it there left its records in the spool only,
+    and a stopped process without them in the database."""
+    from llm_gateway.billing.metering import UsageWriter
+
+    written: list[str] = []
+    writing = asyncio.Event()
+
+    class SlowSink:
+        async def write_usage(self, records: list[UsageRecord]) -> None:
+            writing.set()
+            await asyncio.sleep(0.2)
+            written.extend(record.request_id for record in records)
+
+    writer = UsageWriter(SlowSink(), interval=0.01)  # type: ignore[arg-type]
+    writer.start()
+    for n in range(3):
+        writer.add(_record(f"req-{n}", 0))
+    await asyncio.wait_for(writing.wait(), 5)  # the writer's pass is mid-batch now
+    await writer.close()
+    assert sorted(written) == ["req-0", "req-1", "req-2"]

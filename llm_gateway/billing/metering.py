@@ -182,7 +182,11 @@ class UsageWriter:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
+            # Never in the middle of a batch: a write cancelled there would leave its
+            # records only in the spool (replayed at the next start, not in the database
+            # when the process has stopped).
+            async with self._lock:
+                self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
