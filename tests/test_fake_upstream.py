@@ -221,7 +221,8 @@ def test_chunk_delay_spaces_content_chunks(venice, configured_by):
     sent_at = fake.requests[-1].chunk_sent_at
     assert len(sent_at) == len(arrivals) == 4
     assert all(later - earlier >= delay for earlier, later in itertools.pairwise(sent_at))
-    assert arrivals[-1] - arrivals[0] >= 3 * delay * 0.9  # they really arrive spread out
+    # Spread out: three gaps of the delay (timers may fire a little early on a loaded VM).
+    assert arrivals[-1] - arrivals[0] >= 3 * delay * 0.75
 
 
 def test_non_stream_answer_takes_the_generation_time(venice):
