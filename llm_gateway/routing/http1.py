@@ -52,7 +52,7 @@ class Http1Connection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self.reused = False  # taken from the pool, rather than opened for this request
-        self._busy = False
+        self.busy = False  # a request is out on it, its answer not yet given back
         self._waiter: asyncio.Future[None] | None = None
         self._timed_out = False
         self._start_answer()
@@ -77,7 +77,7 @@ class Http1Connection(asyncio.Protocol):
 
     def send(self, head: bytes, body: bytes) -> None:
         assert self.transport is not None
-        self._busy = True
+        self.busy = True
         self._start_answer()
         self.transport.write(head + body if body else head)
 
@@ -140,7 +140,7 @@ class Http1Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        if not self._busy or self.done:
+        if not self.busy or self.done:
             # Bytes past the end of an answer (more than its Content-Length said, or on an
             # idle connection): the answer stands, the connection is never reused.
             self.keep_alive = False
@@ -167,7 +167,7 @@ class Http1Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self._busy and self.headers_done and not self.done and self._until_close:
+        if self.busy and self.headers_done and not self.done and self._until_close:
             self.done = True  # a body without length or chunks ends with its connection
         self._wake()
 
@@ -257,7 +257,7 @@ class ConnectionPool:
     def release(self, connection: Http1Connection) -> None:
         """Back to the pool when its answer was read whole and it may be kept; else
         closed."""
-        connection._busy = False
+        connection.busy = False
         if not connection.reusable:
             connection.abort()
             return
