@@ -45,10 +45,33 @@ POSTGRES_URL = TEST_DATABASE_URL or "postgresql://postgres@127.0.0.1:5432/test"
 REDIS_URL = TEST_REDIS_URL or "redis://127.0.0.1:6379/0"
 
 
+def _free_ports() -> Iterator[int]:
+    # Below the kernel's ephemeral range (32768-60999 by default), so no outgoing connection
+    # and no server bound to port 0 can take a port between our pick and the server's bind:
+    # a port picked with bind(0) once went to another test's client first (EADDRINUSE, exit
+    # 3). Each xdist worker gets its own block, so workers never pick the same port either.
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    first = 20000 + (int(worker) % 12) * 1000
+    start = secrets.randbelow(1000)  # another run on this machine likely starts elsewhere
+    while True:
+        for offset in range(1000):
+            port = first + (start + offset) % 1000
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:  # still held, by a server of this run or anything else
+                    continue
+            yield port
+
+
+_FREE_PORTS = _free_ports()
+_FREE_PORTS_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port nothing listens on now and nothing outside the tests will take."""
+    with _FREE_PORTS_LOCK:
+        return next(_FREE_PORTS)
 
 
 _CLOSED: list[socket.socket] = []

@@ -143,8 +143,11 @@ def concurrently(url: str, key: str, count: int, headers: dict[str, str]) -> lis
 def test_a_full_bulkhead_sends_the_rest_on_or_answers_503(
     tmp_path: Path, fake: FakeUpstream, fake_url: str, monkeypatch,  # type: ignore[no-untyped-def]
 ) -> None:
-    slow = {"x-fake-chunks": "5", "x-fake-chunk-delay-ms": "100"}  # 0.5 s per answer
-    alone = {"providers": {"p": provider(fake_url, max_concurrency=4)},
+    # 2 s per answer: all ten requests must reach the gateway while the first four are still
+    # being answered; 0.5 s was too short for ten threads to start on a loaded CI host.
+    slow = {"x-fake-chunks": "10", "x-fake-chunk-delay-ms": "200"}
+    patient = {"connect": 1, "first_byte": 5, "read": 5, "stream_idle": 1}
+    alone = {"providers": {"p": provider(fake_url, max_concurrency=4, timeouts=patient)},
              "models": {"chat-fast": {"targets": [{"provider": "p", "model": "llama-3.3-70b"}]}}}
     with routed_gateway(tmp_path, alone, monkeypatch) as gw:
         key = gw.key(rate_limit_requests=1000)
@@ -157,7 +160,8 @@ def test_a_full_bulkhead_sends_the_rest_on_or_answers_503(
     fake.reset()
     with another_fake() as (secondary, secondary_url):
         routes = two_targets(fake_url, secondary_url)
-        routes["providers"]["primary"]["max_concurrency"] = 4
+        routes["providers"]["primary"].update(max_concurrency=4, timeouts=patient)
+        routes["providers"]["secondary"]["timeouts"] = patient
         with routed_gateway(tmp_path / "two", routes, monkeypatch) as gw:
             key = gw.key(rate_limit_requests=1000)
             responses = concurrently(gw.url, key, 10, slow)
