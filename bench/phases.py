@@ -128,9 +128,11 @@ def observability(context: Context) -> dict[str, Any]:
         for target in (json_on, log_off):
             _warm(target)
         rounds = []
+        legs = [("json", json_on), ("off", log_off)]
         for _ in range(plan.observability_rounds):
             figures = {}
-            for label, target in (("json", json_on), ("off", log_off)):
+            legs.reverse()  # each leg goes first in every other round: no order bias
+            for label, target in legs:
                 measured = cpu_per_request(target, plan, context.tools)
                 if measured.get("errors"):
                     raise RuntimeError(f"{target.name}: {measured['errors']} errors")
