@@ -513,3 +513,52 @@ def test_a_200_mb_body_is_refused_before_it_is_buffered(process: LimitedProcess,
         assert b'"request_too_large"' in answer
     growth_mib = (process.peak_rss_kib() - before) / 1024
     assert growth_mib < 50, f"peak RSS grew by {growth_mib:.0f} MiB"
+
+
+class _RecordingTransport:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+
+def test_an_answers_head_leaves_with_its_body_or_at_the_end_of_the_loops_turn() -> None:
+    import asyncio
+
+    from llm_gateway.adapters.connection_limits import HeadHeldTransport
+
+    async def scenario() -> list[list[bytes]]:
+        seen = []
+        inner = _RecordingTransport()
+        writes = HeadHeldTransport(inner, asyncio.get_running_loop())  # type: ignore[arg-type]
+        writes.hold_next = True
+        writes.write(b"head|")
+        writes.write(b"body")  # a whole answer: one write
+        writes.write(b"more")  # not held: only an answer's first write is
+        seen.append(list(inner.writes))
+        inner.writes.clear()
+        writes.hold_next = True
+        writes.write(b"stream head|")
+        seen.append(list(inner.writes))  # held while the turn lasts
+        await asyncio.sleep(0)
+        seen.append(list(inner.writes))  # the turn ended: sent alone
+        inner.writes.clear()
+        writes.hold_next = True
+        writes.write(b"refusal")
+        writes.close()  # closing sends what is held first
+        seen.append(list(inner.writes))
+        assert writes.is_closing() and inner.closed  # the rest is the transport's
+        await asyncio.sleep(0)
+        seen.append(list(inner.writes))  # nothing twice
+        return seen
+
+    assert asyncio.run(scenario()) == [
+        [b"head|body", b"more"], [], [b"stream head|"], [b"refusal"], [b"refusal"]]

@@ -196,6 +196,42 @@ def answer_bytes(rejection: Rejection, extra_headers: Sequence[tuple[bytes, byte
     return b"\r\n".join(head) + b"\r\n\r\n" + rejection.body
 
 
+class HeadHeldTransport:
+    """A response's head waits for the response's first body write, so that both leave in
+    one write: uvicorn writes them apart, two system calls a response where one does. When
+    no body write follows in the same turn of the loop (a stream waiting for its first
+    chunk), the head goes at the end of that turn. Everything else is the transport's."""
+
+    __slots__ = ("_held", "_loop", "_transport", "hold_next")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+        self.hold_next = False  # set when a request's headers are in: its answer's head
+
+    def write(self, data: bytes) -> None:
+        if self._held is not None:
+            data, self._held = self._held + data, None
+        elif self.hold_next:
+            self.hold_next, self._held = False, data
+            self._loop.call_soon(self._release)
+            return
+        self._transport.write(data)
+
+    def _release(self) -> None:
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self._release()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the connection limits (``connection_options``
     makes a subclass carrying the configured ``limits``).
@@ -209,11 +245,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     limits: ClassVar[ConnectionLimits] = ConnectionLimits.from_settings(Settings())
     _watch: ConnectionWatch
+    _writes: HeadHeldTransport
     _header_bytes: int = 0  # fed since the last headers ended, outside bodies
     _in_body: bool = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        self._writes = HeadHeldTransport(transport, self.loop)
+        super().connection_made(self._writes)  # type: ignore[arg-type]
         self._watch = ConnectionWatch(self.limits, self.loop, self._expired)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -240,6 +278,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
+        self._writes.hold_next = True
         self._header_bytes, self._in_body = 0, True
         self._watch.headers_complete(self.cycle)
 
