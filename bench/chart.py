@@ -105,7 +105,7 @@ def _draw_with_matplotlib(data: ChartData, path: Path) -> None:
                          label=label if position == 0 else None)
                 axis.annotate(f"{value:.2f}" if abs(value) < 100 else f"{value:.0f}",
                               (x, shown), ha="center", va="bottom", fontsize=7)
-        axis.set_xticks(range(len(names)), names)
+        axis.set_xticks(range(len(names)), names, fontsize=8)
         axis.set_ylabel(ylabel)
         if log:
             axis.set_yscale("log")
