@@ -347,9 +347,7 @@ class Gateway:
             return errors.key_store_unavailable()
         if budgets is None:
             limit, quota = await self._limits(key), None
-        else:  # both asked at once (one write, one round trip's wait), one task only
-            # Started eagerly: the limiter's script call is queued in this turn, beside the
-            # ledger's, without a loop iteration to start a task (measured: -12 us at c=1).
+        else:  # asked at once: one write, one wait; one task, run eagerly (no loop turn)
             limiting = asyncio.eager_task_factory(asyncio.get_running_loop(), self._limits(key))
             quota, limit = await self._reserve(budgets, plan, payload), await limiting
             if isinstance(limit, Rejection) and isinstance(quota, QuotaDecision) \
