@@ -16,6 +16,16 @@ from typing import Any
 
 # The start of an error message kept on the record: enough to tell errors apart.
 ERROR_MESSAGE_CHARS = 200
+# The usage table's columns, in the order every store writes a record's row: its fields,
+# with ended_at (started_at + duration) beside started_at for queries by time.
+USAGE_COLUMNS = (
+    "request_id", "started_at", "ended_at", "key_id", "key_prefix", "subject_id", "adapter",
+    "endpoint", "model", "provider", "upstream_model", "stream", "status", "error_code",
+    "error_message", "prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens",
+    "tokens_estimated", "cost_usd", "provider_cost_usd", "provider_cost_diem", "duration_ms",
+    "ttfb_ms", "first_chunk_ms", "max_gap_ms", "attempts", "response_id", "finish_reasons",
+    "trace_id",
+)
 
 
 @dataclass(slots=True)

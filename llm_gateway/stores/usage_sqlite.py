@@ -9,16 +9,8 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
-from llm_gateway.billing.records import UsageRecord
+from llm_gateway.billing.records import USAGE_COLUMNS, UsageRecord
 
-USAGE_COLUMNS = (
-    "request_id", "started_at", "ended_at", "key_id", "key_prefix", "subject_id", "adapter",
-    "endpoint", "model", "provider", "upstream_model", "stream", "status", "error_code",
-    "error_message", "prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens",
-    "tokens_estimated", "cost_usd", "provider_cost_usd", "provider_cost_diem", "duration_ms",
-    "ttfb_ms", "first_chunk_ms", "max_gap_ms", "attempts", "response_id", "finish_reasons",
-    "trace_id",
-)
 _COLUMNS = ", ".join(USAGE_COLUMNS)
 MONEY_UNITS = Decimal(10) ** 10  # stored integers are this many per USD
 
