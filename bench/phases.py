@@ -459,7 +459,7 @@ def budget(context: Context) -> dict[str, Any]:
     with started(lambda: start_serve(environment, routed=True),
                  lambda: start_target("serve-budget", environment, context.litellm_venv),
                  ) as (plain, budgeted):
-        clients = {target.name: _KeepAlive(target) for target in (plain, budgeted)}
+        clients = {target.name: KeepAlive(target) for target in (plain, budgeted)}
         for _ in range(200):  # warm: connections, caches, the Redis scripts loaded
             for client in clients.values():
                 client.send()
@@ -487,7 +487,7 @@ def budget(context: Context) -> dict[str, Any]:
     return figures
 
 
-class _KeepAlive:
+class KeepAlive:
     """One keep-alive connection sending the target's chat request; each answer's time. The
     client's own cost is the same in both legs, so it cancels in the difference."""
 

@@ -433,26 +433,29 @@ def _cli(args: Sequence[str], env: dict[str, str]) -> str:
     return completed.stdout
 
 
-def start_serve_budget(environment: Environment) -> Target:
+def start_serve_budget(environment: Environment, *, name: str = "serve-budget",
+                       extra_env: dict[str, str] | None = None) -> Target:
     """serve with Redis (limits and budgets shared there), prices for both targets of the
     alias, and a key with a daily USD budget and a tokens-per-minute limit it cannot reach;
-    its own database, so that the plain serve has neither prices nor budgets."""
+    its own database (named after ``name``), so that the plain serve has neither prices nor
+    budgets, and two of these (bench.ab) have one each."""
     url = _redis_url()
     if (reason := _redis_reachable(url)) is not None:
         raise TargetUnavailable(reason)
-    database_url = f"sqlite:///{environment.workdir / 'budget.db'}"
+    database = "budget.db" if name == "serve-budget" else f"{name}.db"
+    database_url = f"sqlite:///{environment.workdir / database}"
     env = {**environment.gateway_env(routed=True), "DATABASE_URL": database_url}
-    created = create_key(database_url, "bench-budget", environment.routes_path)
+    created = create_key(database_url, f"bench-{name}", environment.routes_path)
     for provider, model, _ in ROUTED_TARGETS:
         _cli(["prices", "set", "--provider", provider, "--model", model,
               "--input", BENCH_PRICES[0], "--output", BENCH_PRICES[1]], env)
     _cli(["budgets", "set", "--key", created["prefix"], "--daily-usd", "1000000",
           "--tokens-per-minute", "1000000000"], env)
-    namespace = f"llmg-bench-{os.getpid()}-{int(time.time())}"
+    namespace = f"llmg-bench-{name}-{os.getpid()}-{int(time.time())}"
     target = start_serve(
-        environment, name="serve-budget", routed=True, database_url=database_url,
+        environment, name=name, routed=True, database_url=database_url,
         key=created["key"],
-        extra_env={"REDIS_URL": url, "REDIS_NAMESPACE": namespace},
+        extra_env={"REDIS_URL": url, "REDIS_NAMESPACE": namespace, **(extra_env or {})},
         notes=[f"Redis {url} (namespace {namespace}): rate limit and budget ledger",
                f"prices {BENCH_PRICES[0]}/{BENCH_PRICES[1]} USD per million tokens; key budget "
                "daily 1 000 000 USD, 1e9 tokens per minute"])

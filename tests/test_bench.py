@@ -484,3 +484,14 @@ def test_paced_upstream_feeds_streams_the_client_checks_chunk_by_chunk(tmp_path)
         assert refused["errors"] == 3 and "HTTP 401" in refused["problems"]
     finally:
         upstream.stop()
+
+
+def test_ab_runs_one_tree_against_itself_and_prints_both_sides_and_the_difference():
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.ab", str(REPO), str(REPO), "--pairs", "50",
+         "--rounds", "0", "--new-env", "ACCESS_LOG=off"],
+        cwd=REPO, capture_output=True, text=True, timeout=180, check=False)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    lines = completed.stdout.strip().splitlines()
+    assert [line.split()[0] for line in lines[1:3]] == ["old", "new"], completed.stdout
+    assert lines[-1].startswith("new - old: c=1 p50 "), completed.stdout
