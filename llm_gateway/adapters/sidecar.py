@@ -296,15 +296,11 @@ async def _serve(arguments: SidecarArguments, settings: Settings, runtime_dir: P
 
 
 def _loop_factory(mode: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop for the reverse mode's server, as ``serve`` has it; mitmproxy's own choice
-    (asyncio's loop) for regular mode."""
+    """The reverse mode's loop chosen by the rule ``serve``'s is (uvicorn's: uvloop when
+    installed); mitmproxy's own choice (asyncio's loop) for regular mode."""
     if mode != "reverse":
         return None
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
+    return uvicorn.Config(app=None).get_loop_factory()  # type: ignore[arg-type]
 
 
 def _reload_routes(gateway: Gateway) -> None:
