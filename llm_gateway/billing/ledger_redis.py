@@ -29,8 +29,8 @@ local base = 1 + 3 * holds
 for j = 1, #KEYS - holds do
   local capacity, amount = tonumber(ARGV[base + 2 * j - 1]), tonumber(ARGV[base + 2 * j])
   local state = redis.call('HMGET', KEYS[holds + j], 'level', 'at')
-  local level = tonumber(state[1] or tostring(capacity))
-  local at = tonumber(state[2] or tostring(now))
+  local level = tonumber(state[1]) or capacity
+  local at = tonumber(state[2]) or now
   level = math.min(capacity, level + (now - at) * capacity / 60)
   levels[j] = level
   left[#left + 1] = math.floor(level)
@@ -67,8 +67,8 @@ for j = 1, #KEYS - holds do
   local capacity = tonumber(ARGV[base + 3 * j - 2])
   local drawn, used = tonumber(ARGV[base + 3 * j - 1]), tonumber(ARGV[base + 3 * j])
   local state = redis.call('HMGET', KEYS[holds + j], 'level', 'at')
-  local level = tonumber(state[1] or tostring(capacity))
-  local at = tonumber(state[2] or tostring(now))
+  local level = tonumber(state[1]) or capacity
+  local at = tonumber(state[2]) or now
   level = math.min(capacity, level + (now - at) * capacity / 60 + drawn - used)
   redis.call('HSET', KEYS[holds + j], 'level', string.format('%.6f', level),
              'at', string.format('%.6f', now))
