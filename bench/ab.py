@@ -3,6 +3,7 @@ a change worth a few microseconds, which a full run cannot tell from the host's 
 
     python -m bench.ab /tmp/before . [--target serve|serve-budget] [--pairs 3000]
                                      [--rounds 10] [--old-env K=V ...] [--new-env K=V ...]
+                                     [--old-target T] [--new-target T]
 
 OLD and NEW are checkouts of the project (``git worktree add /tmp/before HEAD~1``); each
 gateway runs with its tree first on ``PYTHONPATH``, so both use this environment's
@@ -35,6 +36,7 @@ from bench.stats import summarize_latencies
 from bench.targets import Environment, Target, start_environment, start_serve, start_serve_budget
 
 SIDES = ("old", "new")
+TARGETS = ("serve", "serve-budget")
 
 
 def _environment_of(items: Sequence[str]) -> dict[str, str]:
@@ -50,7 +52,7 @@ def _starter(environment: Environment, target: str, side: str, tree: Path,
     return lambda: start_serve(environment, name=side, routed=True, extra_env=env)
 
 
-def compare(trees: dict[str, Path], *, target: str, pairs: int, rounds: int,
+def compare(trees: dict[str, Path], *, targets: dict[str, str], pairs: int, rounds: int,
             extra_env: dict[str, dict[str, str]]) -> dict[str, dict[str, float]]:
     """Per side: c=1 p50/p90/p99 ms, CPU per request at c=1 and the median at c=8 (us)."""
     target_cpus, load_cpus = assign_cpus(True)
@@ -61,7 +63,7 @@ def compare(trees: dict[str, Path], *, target: str, pairs: int, rounds: int,
                                     stream_shapes=[])
     figures: dict[str, dict[str, float]] = {side: {} for side in SIDES}
     try:
-        starters = [_starter(environment, target, side, trees[side], extra_env[side])
+        starters = [_starter(environment, targets[side], side, trees[side], extra_env[side])
                     for side in SIDES]
         with started(*starters) as gateways:
             by_side = dict(zip(SIDES, gateways, strict=True))
@@ -117,7 +119,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("old", type=Path)
     parser.add_argument("new", type=Path)
-    parser.add_argument("--target", choices=("serve", "serve-budget"), default="serve")
+    parser.add_argument("--target", choices=TARGETS, default="serve")
+    parser.add_argument("--old-target", choices=TARGETS,
+                        help="this side's target instead of --target (serve against "
+                        "serve-budget on one tree: what a budget costs, request by request)")
+    parser.add_argument("--new-target", choices=TARGETS)
     parser.add_argument("--pairs", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--old-env", nargs="*", default=[], metavar="K=V")
@@ -127,7 +133,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     for side, tree in trees.items():
         if not (tree / "llm_gateway" / "__init__.py").is_file():
             parser.error(f"{side}: {tree} is not a checkout of the project")
-    figures = compare(trees, target=args.target, pairs=args.pairs, rounds=args.rounds,
+    targets = {"old": args.old_target or args.target, "new": args.new_target or args.target}
+    figures = compare(trees, targets=targets, pairs=args.pairs, rounds=args.rounds,
                       extra_env={"old": _environment_of(args.old_env),
                                  "new": _environment_of(args.new_env)})
     print(report(figures, trees))
