@@ -253,7 +253,9 @@ def _url(*schemes: str) -> Parser:
     def parse(raw: Any) -> str:
         text = str(raw)
         parts = urlsplit(text)
-        if parts.scheme not in schemes or (parts.scheme != "sqlite" and not parts.netloc):
+        # sqlite:///file and unix:///socket name a path, not a host.
+        where = parts.path if parts.scheme in ("sqlite", "unix") else parts.netloc
+        if parts.scheme not in schemes or (parts.scheme != "sqlite" and not where):
             raise ValueError(f"expected a {' or '.join(schemes)} URL, got {text!r}")
         return text.rstrip("/") if parts.scheme in ("http", "https") else text
 

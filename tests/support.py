@@ -315,12 +315,16 @@ class PrivateRedis:
         self.directory = directory
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        # Its Unix socket as well, in a short directory (a socket path is at most 107 bytes).
+        self.socket = Path(tempfile.mkdtemp(prefix="redis-")) / "redis.sock"
+        self.socket_url = f"unix://{self.socket}"
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         self.process = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.directory)],
+             "--appendonly", "no", "--dir", str(self.directory),
+             "--unixsocket", str(self.socket), "--unixsocketperm", "700"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10
@@ -346,6 +350,7 @@ def private_redis(directory: Path) -> Iterator[PrivateRedis]:
         yield server
     finally:
         server.stop()
+        shutil.rmtree(server.socket.parent, ignore_errors=True)
 
 
 @dataclass

@@ -43,6 +43,8 @@ def test_provider_key_is_hidden_in_repr() -> None:
     ("BIND_ADDR", "127.0.0.1:99999"),
     ("DATABASE_URL", "mysql://x"),
     ("REDIS_URL", "http://x"),
+    ("REDIS_URL", "unix://"),
+    ("REDIS_URL", "redis:///0"),
     ("VENICE_BASE_URL", "api.venice.ai"),
     ("REQUEST_TIMEOUT_SECONDS", "0"),
     ("REQUEST_BODY_LIMIT_BYTES", "-1"),

@@ -15,6 +15,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from llm_gateway.config import load_settings
 from llm_gateway.redis_scripts import RedisScripts, Script
 from tests.support import PrivateRedis, closed_port, free_port, private_redis, redis_reachable
 
@@ -171,6 +172,23 @@ def test_credentials_and_database_come_from_the_url(tmp_path: Path) -> None:
     finally:
         process.kill()
         process.wait(10)
+
+
+def test_a_unix_socket_url_reaches_redis_over_its_socket(tmp_path: Path) -> None:
+    """REDIS_URL=unix:///path (redis-py's form: no host) is a setting the gateway takes, and
+    the script client talks to Redis over that socket."""
+    with private_redis(tmp_path) as server:
+        settings = load_settings({"REDIS_URL": server.socket_url})
+        assert settings.redis_url == server.socket_url
+
+        async def run() -> None:
+            scripts = RedisScripts(settings.redis_url)
+            try:
+                assert await scripts.run(ECHO, [], ["over the socket"]) == b"over the socket"
+            finally:
+                await scripts.close()
+
+        asyncio.run(run())
 
 
 def test_nothing_listening_fails_at_once() -> None:
