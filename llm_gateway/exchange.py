@@ -111,6 +111,7 @@ class Exchange:
         self.response_started_at: float | None = None
         self.is_sse = False
         self.facts: ResponseFacts | None = None  # a JSON body's, or the stream observer
+        self._unread_body: bytes | None = None  # a JSON body not observed yet
         self._finished = False
 
     @property
@@ -246,23 +247,28 @@ class Exchange:
         return spent >= reservation.spend_ceiling
 
     def complete_body(self, body: bytes) -> bytes:
-        """Observe a whole (non-stream) body; returns the body the client gets."""
+        """A whole (non-stream) body: the body the client gets. What it says (usage, ids,
+        an in-band error) is read later (``observe_body``), unless the client's body is
+        made from it: reading it is off the client's wait (measured: 50-75 us of a
+        request's 0.5 ms at concurrency 1)."""
         body = self._scrub(body)
         if self.status is not None and self.status >= 400:
             answer = self.profile.error_body(body, self.status)
             self.error_message = _message_of(answer)
             return answer
-        try:
-            payload = jsonio.loads(body) if body else None
-        except (ValueError, RecursionError):
-            return body
-        if not isinstance(payload, dict):
-            return body
         if self.endpoint.kind is EndpointKind.MODELS:
-            return self.models_for_key(payload)
-        self.facts = ResponseFacts(self.profile)
-        self.facts.observe(payload)
+            payload = _json_object(body)
+            return body if payload is None else self.models_for_key(payload)
+        self._unread_body = body
         return body
+
+    def observe_body(self) -> ResponseFacts | None:
+        """The facts of the whole body the client got, read now if not yet."""
+        body, self._unread_body = self._unread_body, None
+        if body is not None and (payload := _json_object(body)) is not None:
+            self.facts = ResponseFacts(self.profile)
+            self.facts.observe(payload)
+        return self.facts
 
     def models_for_key(self, payload: dict) -> bytes:
         """The provider's model list (when passthrough serves it) and the aliases, each
@@ -314,7 +320,7 @@ class Exchange:
         )
         if self.response_started_at is not None:
             record.ttfb_ms = (self.response_started_at - self.started) * 1000
-        if self.facts is not None:
+        if self.observe_body() is not None:
             self._apply_facts(record, self.facts)
         self._estimate_usage(record)
         if client_disconnected:
@@ -361,6 +367,14 @@ class Exchange:
         record.completion_tokens = (self.facts.text_chars + 3) // 4
         record.total_tokens = record.prompt_tokens + record.completion_tokens
         record.tokens_estimated = True
+
+
+def _json_object(body: bytes) -> dict | None:
+    try:
+        payload = jsonio.loads(body) if body else None
+    except (ValueError, RecursionError):
+        return None
+    return payload if isinstance(payload, dict) else None
 
 
 def _message_of(body: bytes) -> str | None:

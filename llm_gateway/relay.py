@@ -233,9 +233,10 @@ class Relay:
         smaller use stays counted: the windows only count up). Before the request ends,
         so the next one finds the window as full as it is."""
         provider = exchange.provider
-        facts = exchange.facts
-        if (provider is None or not provider.tokens_per_minute or facts is None
-                or facts.usage is None):
+        if provider is None or not provider.tokens_per_minute:
+            return
+        facts = exchange.observe_body()
+        if facts is None or facts.usage is None:
             return
         beyond = facts.usage.total_tokens - _estimated_tokens(exchange)
         if beyond > 0:
