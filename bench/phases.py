@@ -250,10 +250,9 @@ def _set_affinity(pid: int, cpus: set[int]) -> None:
 
 
 @contextmanager
-def every_cpu(context: Context) -> Iterator[None]:
-    """The harness (so wrk) and the fake upstream free to use every CPU, then pinned back."""
+def every_cpu(context: Context, fake_pid: int) -> Iterator[None]:
+    """The harness (so wrk) and the upstream free to use every CPU, then pinned back."""
     harness_before = os.sched_getaffinity(0)
-    fake_pid = context.environment.fake_process.pid
     fake_before = os.sched_getaffinity(fake_pid)
     everything = set(context.usable_cpus)
     os.sched_setaffinity(0, everything)
@@ -267,9 +266,21 @@ def every_cpu(context: Context) -> Iterator[None]:
 
 def workers(context: Context) -> dict[str, Any]:
     """`serve --workers 2` against `serve` (one worker), both free on every CPU with the load
-    generator and the fake upstream (the machine as a deployment would use it), ladder steps
-    interleaved (one worker, then two, at each concurrency)."""
-    environment = context.environment
+    generator and the upstream (the machine as a deployment would use it), ladder steps
+    interleaved (one worker, then two, at each concurrency). The upstream is the paced one
+    (the fake's answers, pre-encoded): the fake on uvicorn took a third of a CPU at these
+    rates, which the workers could not have, so the phase measured the machine's leftovers
+    more than the workers' scaling."""
+    paced, port = start_paced_upstream(context.environment)
+    try:
+        environment = dataclasses.replace(context.environment, fake_port=port,
+                                          fake_process=paced, routes_path=None)
+        return _workers(context, environment)
+    finally:
+        paced.stop()
+
+
+def _workers(context: Context, environment: Environment) -> dict[str, Any]:
     plan = context.plan
     # Given every CPU explicitly: a child inherits the harness's affinity, which is the load
     # CPU alone until every_cpu (both gateways were once measured on that one CPU).
@@ -278,7 +289,7 @@ def workers(context: Context) -> dict[str, Any]:
         lambda: start_serve(environment, routed=True, name="serve-workers-2",
                             flags=["--workers", "2"], cpus=cpus),
         lambda: start_serve(environment, routed=True, name="serve-workers-1", cpus=cpus),
-    ) as (two, one), every_cpu(context):
+    ) as (two, one), every_cpu(context, environment.fake_process.pid):
         for target in (one, two):
             _warm(target)
         steps: dict[str, list[dict[str, Any]]] = {"one": [], "two": []}
