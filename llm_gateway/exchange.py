@@ -320,8 +320,8 @@ class Exchange:
         )
         if self.response_started_at is not None:
             record.ttfb_ms = (self.response_started_at - self.started) * 1000
-        if self.observe_body() is not None:
-            self._apply_facts(record, self.facts)
+        if (facts := self.observe_body()) is not None:
+            self._apply_facts(record, facts)
         self._estimate_usage(record)
         if client_disconnected:
             # 499 even when a stream's 200 went out: the status says how it ended.
