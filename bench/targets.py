@@ -439,7 +439,8 @@ def start_serve_budget(environment: Environment, *, name: str = "serve-budget",
     alias, and a key with a daily USD budget and a tokens-per-minute limit it cannot reach;
     its own database (named after ``name``), so that the plain serve has neither prices nor
     budgets, and two of these (bench.ab) have one each."""
-    url = _redis_url()
+    # A caller's REDIS_URL (bench.ab's --new-env) is the Redis checked, used and cleaned.
+    url = (extra_env or {}).get("REDIS_URL") or _redis_url()
     if (reason := _redis_reachable(url)) is not None:
         raise TargetUnavailable(reason)
     database = "budget.db" if name == "serve-budget" else f"{name}.db"
