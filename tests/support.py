@@ -315,8 +315,9 @@ class PrivateRedis:
         self.directory = directory
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        # Its Unix socket as well, in a short directory (a socket path is at most 107 bytes).
-        self.socket = Path(tempfile.mkdtemp(prefix="redis-")) / "redis.sock"
+        # Its Unix socket as well, on a short path (a socket path is at most 107 bytes),
+        # named after its port as its TCP address is; removed when it stops.
+        self.socket = Path(tempfile.gettempdir()) / f"llmg-redis-{self.port}.sock"
         self.socket_url = f"unix://{self.socket}"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -338,6 +339,7 @@ class PrivateRedis:
             self.process.kill()  # as abrupt as a crash: no goodbye to the clients
             self.process.wait(10)
             self.process = None
+        self.socket.unlink(missing_ok=True)  # a killed server leaves it behind
 
 
 @contextmanager
@@ -350,7 +352,6 @@ def private_redis(directory: Path) -> Iterator[PrivateRedis]:
         yield server
     finally:
         server.stop()
-        shutil.rmtree(server.socket.parent, ignore_errors=True)
 
 
 @dataclass
