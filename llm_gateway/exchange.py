@@ -226,10 +226,12 @@ class Exchange:
         return data.replace(key, mask_secret(key.decode()).encode())
 
     def _scrub_text(self, value: str) -> str:
+        """A header's value, masked as ``_scrub`` masks bytes; in ASCII, as a header's value
+        must be (the mask's ellipsis is not Latin-1)."""
         key = self._provider_key()
         if key is None or key.decode() not in value:
             return value
-        return value.replace(key.decode(), mask_secret(key.decode()))
+        return value.replace(key.decode(), mask_secret(key.decode()).replace("…", "..."))
 
     def past_spend_ceiling(self) -> bool:
         """A stream that must stop at its budget has delivered what the budget can pay
