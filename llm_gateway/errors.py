@@ -26,6 +26,8 @@ CATALOGUE: dict[str, ErrorKind] = {kind.code: kind for kind in (
     ErrorKind(400, "invalid_request_error", "invalid_json", "the body is not JSON"),
     ErrorKind(400, "invalid_request_error", "invalid_request_body",
               "`model`, `messages` or `stream` malformed"),
+    ErrorKind(400, "invalid_request_error", "malformed_http",
+              "what was sent is not an HTTP/1.1 request (the connection is then closed)"),
     ErrorKind(401, "authentication_error", "invalid_api_key",
               "key missing, malformed, unknown, revoked or expired"),
     ErrorKind(400, "invalid_request_error", "context_length_exceeded",
@@ -126,6 +128,10 @@ def invalid_json() -> Rejection:
 
 def invalid_request_body(message: str) -> Rejection:
     return reject("invalid_request_body", message)
+
+
+def malformed_http() -> Rejection:
+    return reject("malformed_http", "What was sent is not a valid HTTP/1.1 request.")
 
 
 def invalid_api_key(message: str = "Invalid gateway key.") -> Rejection:

@@ -28,6 +28,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from llm_gateway.adapters.asgi import GatewayMiddleware
+from llm_gateway.adapters.gateway_protocol import server_options
 from llm_gateway.billing.metering import UsageRecord
 from llm_gateway.keys import KeyRecord, new_key_record
 from llm_gateway.stores import open_store
@@ -99,13 +101,19 @@ def need_service(what: str, reachable: bool) -> None:
 
 @contextmanager
 def serve_in_thread(app: object, host: str = "127.0.0.1") -> Iterator[str]:
-    """Run an ASGI app on uvicorn in a background thread; yields its base URL."""
+    """Run an ASGI app on uvicorn in a background thread; yields its base URL. The
+    standalone gateway (``create_app``) is served as serve serves it: by its own protocol,
+    with the connection limits of its settings."""
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((host, 0))
     port = listener.getsockname()[1]
+    options: dict[str, object] = {}
+    if isinstance(app, GatewayMiddleware) and app.standalone:
+        options = server_options(app, app.gateway.settings)
     server = uvicorn.Server(uvicorn.Config(
-        app, lifespan="on", log_level="warning", access_log=False  # type: ignore[arg-type]
+        app, lifespan="on", log_level="warning", access_log=False,  # type: ignore[arg-type]
+        **options,  # type: ignore[arg-type]
     ))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()

@@ -33,6 +33,7 @@ from cryptography import x509
 from asgi_middleware import create_app
 from llm_gateway.adapters.ca import CERT_FILE
 from llm_gateway.adapters.connection_limits import connection_options
+from llm_gateway.adapters.gateway_protocol import server_options
 from llm_gateway.adapters.mitm_guard import ConnectionGuard
 from llm_gateway.adapters.sidecar import Sidecar
 from llm_gateway.config import Settings
@@ -198,12 +199,14 @@ def assert_header_limit(address: tuple[str, int]) -> None:
 
 
 @contextlib.contextmanager
-def limited_uvicorn(settings: Settings, app: object) -> Iterator[tuple[str, int]]:
+def limited_uvicorn(settings: Settings, app: object,
+                    options: dict[str, object] | None = None) -> Iterator[tuple[str, int]]:
+    """uvicorn serving ``app`` with the protocol serve gives it (``options``: others)."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(
         app, lifespan="on", log_level="warning", access_log=False,  # type: ignore[arg-type]
-        **connection_options(settings),
+        **(options if options is not None else server_options(app, settings)),  # type: ignore[arg-type]
     ))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()
@@ -238,12 +241,16 @@ def guarded(sidecar: Sidecar) -> None:
     assert added.wait(5)
 
 
-@pytest.fixture(params=["serve", "sidecar"])
+@pytest.fixture(params=["serve", "uvicorn-protocol", "sidecar"])
 def server_address(request: pytest.FixtureRequest, tmp_path: Path, fake_url: str,
                    ca_dir: Path) -> Iterator[tuple[str, int]]:  # noqa: F811
+    """serve's own protocol; uvicorn's (every other listener: the admin port), here with
+    the same app; the reverse sidecar."""
     settings = make_settings(tmp_path, fake_url, **LIMITS)
-    if request.param == "serve":
-        with limited_uvicorn(settings, create_app(settings)) as address:
+    if request.param != "sidecar":
+        app = create_app(settings)
+        options = connection_options(settings) if request.param == "uvicorn-protocol" else None
+        with limited_uvicorn(settings, app, options) as address:
             yield address
         return
     with sidecar_in_thread(build_gateway(settings), ca_dir, tmp_path, mode="reverse") as sc:

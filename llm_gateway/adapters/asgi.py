@@ -80,6 +80,9 @@ class GatewayMiddleware:
                                 if govern_outbound else None)
         chosen = prefix if prefix is not None else self.gateway.settings.api_prefix
         self.prefix = chosen.rstrip("/")
+        # The standalone gateway (create_app): nothing but the engine answers, so serve
+        # may answer it without ASGI (adapters/gateway_protocol.py).
+        self.standalone = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -245,4 +248,6 @@ def create_app(
 ) -> GatewayMiddleware:
     """The standalone gateway: the middleware around an app that answers 404."""
     gateway = gateway or build_gateway(settings or load_settings())
-    return GatewayMiddleware(_NotFound(gateway), gateway, settings=settings, prefix=prefix)
+    app = GatewayMiddleware(_NotFound(gateway), gateway, settings=settings, prefix=prefix)
+    app.standalone = True
+    return app

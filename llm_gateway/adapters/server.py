@@ -35,7 +35,7 @@ from types import FrameType
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
-from llm_gateway.adapters.connection_limits import connection_options
+from llm_gateway.adapters.gateway_protocol import server_options
 from llm_gateway.config import ConfigError, HostPort, Settings
 
 log = logging.getLogger("llm_gateway")
@@ -62,7 +62,7 @@ def server_config(app: object, bind: HostPort, settings: Settings) -> uvicorn.Co
         log_config=None,
         timeout_graceful_shutdown=10,
         # Slow, idle and oversized clients are reaped on every listener.
-        **connection_options(settings),
+        **server_options(app, settings),  # type: ignore[arg-type]
     )
 
 

@@ -1,0 +1,431 @@
+"""``serve``'s HTTP/1.1 protocol: the engine answered straight from the parser's callbacks.
+
+``serve`` and the reverse sidecar serve the standalone gateway (``create_app``), whose
+every request is the engine's: its API under the prefix, ``/healthz``, ``/readyz``,
+``/metrics``, and a 404 the engine refuses for the rest. For that app uvicorn's request
+cycle is pure overhead (an ASGI scope per request, messages for the body and the answer,
+a task to watch for the client leaving, a header validator): measured with a prototype of
+this module against uvicorn's protocol, request by request, it was 108 µs of the c=1
+latency and 128 µs of CPU per request at c=8. So this protocol parses with httptools
+(llhttp, the parser uvicorn uses) and calls the engine itself.
+
+uvicorn stays the server: it binds and shares the sockets (workers too), runs the lifespan
+(the engine starts and stops there), handles the signals and the graceful shutdown, all
+through the protocol interface it takes for its ``http`` setting (``shutdown()``, its
+``connections`` and ``tasks``). The admin listener, and any other ASGI app, keep uvicorn's
+own protocol (``LimitedHttpToolsProtocol``). The connection limits are the same
+``ConnectionWatch`` on the same parser callbacks.
+
+What it answers is what the ASGI middleware answers (``adapters/asgi.py``), byte for byte
+in body and headers; it adds ``malformed_http`` (an OpenAI-shaped 400 where uvicorn wrote
+plain text). Requests on one connection are answered in order (pipelining: the next waits,
+its bytes unread, until the answer before it is complete). An answer's head and whole body
+leave in one write; a stream's chunks use chunked transfer encoding, each written as it
+comes, after waiting while the client's socket is full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import http
+import logging
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import httptools
+
+from llm_gateway import errors
+from llm_gateway.adapters.asgi import ADAPTER_NAME, GatewayMiddleware
+from llm_gateway.adapters.connection_limits import (
+    ConnectionLimits,
+    ConnectionWatch,
+    Wait,
+    answer_bytes,
+    connection_options,
+)
+from llm_gateway.config import Settings
+from llm_gateway.errors import Rejection
+from llm_gateway.exchange import Exchange
+from llm_gateway.messages import Headers, IncomingRequest
+
+__all__ = ["GatewayHttpProtocol", "server_options"]
+
+log = logging.getLogger("llm_gateway.connections")
+
+
+def _status_line(status: int) -> bytes:
+    try:
+        phrase = http.HTTPStatus(status).phrase
+    except ValueError:  # a provider's own status (529, say) is relayed as it came
+        phrase = ""
+    return f"HTTP/1.1 {status} {phrase}\r\n".encode()
+
+
+STATUS_LINES = {status: _status_line(status) for status in range(100, 600)}
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# The framing is this module's to write: the engine's headers never carry it.
+_FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
+_JSON = [("content-type", "application/json")]
+
+
+@dataclass(slots=True, eq=False)  # eq=False: hashed by identity (the watch's keys)
+class _Request:
+    method: str
+    path: str  # percent-decoded, as ASGI's scope["path"]
+    query: str
+    headers: Headers
+    keep_alive: bool
+    relative: str | None  # the path under the API prefix, when the engine serves it
+    body: list[bytes] = field(default_factory=list)
+    size: int = 0
+    complete: bool = False  # the whole body is in
+    refusal: Rejection | None = None  # answered without its body (too large)
+    arrived: asyncio.Future[None] | None = None  # set when the answer waits for the body
+    started: bool = False  # bytes of its answer were written
+
+
+class GatewayHttpProtocol(asyncio.Protocol):
+    """One client connection (``server_options`` makes the subclass carrying the
+    gateway's middleware and the connection limits)."""
+
+    middleware: ClassVar[GatewayMiddleware]
+    limits: ClassVar[ConnectionLimits]
+
+    def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
+        if not config.loaded:
+            config.load()
+        self.loop = _loop or asyncio.get_event_loop()
+        self.server_state = server_state
+        self.gateway = self.middleware.gateway
+        self.prefix = self.middleware.prefix + "/"
+        self.body_limit = self.gateway.settings.request_body_limit_bytes
+        self.parser = httptools.HttpRequestParser(self)
+        with contextlib.suppress(AttributeError):  # httptools < 0.6.3
+            # As uvicorn: a request after "connection: close" in the same read is no error.
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.watch: ConnectionWatch = None  # type: ignore[assignment]
+        self._url = b""
+        self._headers: Headers = []
+        self._reading: _Request | None = None  # the request the parser is in
+        self._answering: _Request | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._waiting: collections.deque[_Request] = collections.deque()  # pipelined
+        self._header_bytes = 0  # fed since the last headers ended, outside bodies
+        self._in_body = False
+        self._closing = False  # graceful shutdown: close once the answer is complete
+        self._gone = False  # the client left before its answer was complete
+        self._relaying = False  # a disconnect may cancel the answer now (an exchange owns it)
+        self._drained: asyncio.Future[None] | None = None  # set while writing is paused
+
+    # ---- the connection -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.server_state.connections.add(self)
+        self.transport = transport  # type: ignore[assignment]
+        self.watch = ConnectionWatch(self.limits, self.loop, self._expired)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server_state.connections.discard(self)
+        self.watch.close()
+        if self._answering is not None:
+            self._gone = True
+            arrived = self._answering.arrived
+            if arrived is not None and not arrived.done():
+                arrived.set_result(None)
+            if self._relaying and self._task is not None:
+                self._task.cancel()  # the exchange finishes as client_disconnected
+        self._resume_writing()
+
+    def eof_received(self) -> bool | None:
+        return None  # the transport closes; connection_lost follows
+
+    def pause_writing(self) -> None:
+        if self._drained is None:
+            self._drained = self.loop.create_future()
+
+    def resume_writing(self) -> None:
+        self._resume_writing()
+
+    def _resume_writing(self) -> None:
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def shutdown(self) -> None:
+        """uvicorn's graceful shutdown: an idle connection closes now, a busy one once its
+        answer is complete."""
+        if self._answering is None:
+            self.transport.close()
+        else:
+            self._closing = True
+
+    def data_received(self, data: bytes) -> None:
+        self.watch.received()
+        try:
+            while data:
+                if self._in_body:
+                    # A body is bounded by REQUEST_BODY_LIMIT_BYTES (below). What follows it
+                    # in this same read (a pipelined request) goes uncounted: one read.
+                    self.parser.feed_data(data)
+                    return
+                room = self.limits.max_header_bytes - self._header_bytes
+                if room <= 0:
+                    self._reap(self.limits.too_large_answer(), self._may_answer(None))
+                    return
+                head, data = data[:room], data[room:]
+                self._header_bytes += len(head)
+                self.parser.feed_data(head)
+                if self.transport.is_closing():
+                    return
+        except httptools.HttpParserUpgrade:
+            pass  # answered as a plain request: the gateway upgrades to nothing
+        except httptools.HttpParserError as exc:
+            log.debug("closing a connection that sent what is not HTTP/1.1: %s", exc)
+            self._reap(errors.malformed_http(), self._may_answer(None))
+
+    # ---- the parser's callbacks -------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = []
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name.decode("latin-1").lower(), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        url = httptools.parse_url(self._url)
+        path = url.path.decode("latin-1")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        method = parser.get_method().decode("ascii")
+        relative = None
+        if path.startswith(self.prefix):
+            relative = path[len(self.prefix) - 1:]
+            if self.gateway.endpoint_for(method, relative) is None:
+                relative = None
+        request = _Request(
+            method, path, (url.query or b"").decode("latin-1"), self._headers,
+            parser.get_http_version() != "1.0" and parser.should_keep_alive(), relative)
+        self._reading = request
+        self._header_bytes, self._in_body = 0, True
+        self.watch.headers_complete(request)
+        if relative is not None:
+            for name, value in request.headers:
+                if name == "content-length" and value.isdigit() and int(value) > self.body_limit:
+                    request.refusal = self.gateway.body_too_large()
+        self._enqueue(request)
+
+    def on_body(self, body: bytes) -> None:
+        request = self._reading
+        if request is None or request.relative is None or request.refusal is not None:
+            return  # not read: nothing that answers it needs its body
+        request.size += len(body)
+        if request.size > self.body_limit:
+            request.refusal = self.gateway.body_too_large()
+            request.body.clear()
+            self._arrived(request)
+            return
+        request.body.append(body)
+
+    def on_message_complete(self) -> None:
+        request = self._reading
+        self._reading, self._in_body = None, False
+        if request is not None:
+            request.complete = True
+            self.watch.body_complete(request)
+            self._arrived(request)
+
+    @staticmethod
+    def _arrived(request: _Request) -> None:
+        if request.arrived is not None and not request.arrived.done():
+            request.arrived.set_result(None)
+
+    # ---- answering, one request at a time ----------------------------------------------
+
+    def _enqueue(self, request: _Request) -> None:
+        if self._answering is None:
+            self._start(request)
+        else:  # pipelined: it waits, and so do its bytes
+            self._waiting.append(request)
+            self.transport.pause_reading()
+
+    def _start(self, request: _Request) -> None:
+        self._answering, self._gone = request, False
+        task = self.loop.create_task(self._answer(request))
+        self._task = task
+        self.server_state.tasks.add(task)
+        task.add_done_callback(self._answered)
+
+    def _answered(self, task: asyncio.Task[None]) -> None:
+        self.server_state.tasks.discard(task)
+        self.server_state.total_requests += 1
+        request, self._answering, self._task = self._answering, None, None
+        self.watch.answered(request)
+        if self.transport.is_closing():
+            return
+        if request is not None and (not request.keep_alive or self._closing):
+            self.transport.close()
+            return
+        if self._waiting:
+            self._start(self._waiting.popleft())
+        if not self._waiting:
+            self.transport.resume_reading()
+
+    async def _answer(self, request: _Request) -> None:
+        try:
+            if not request.complete and request.refusal is None and request.relative:
+                if any(name == "expect" and value.lower() == "100-continue"
+                       for name, value in request.headers):
+                    self.transport.write(CONTINUE)
+                request.arrived = self.loop.create_future()
+                await request.arrived
+                if self._gone:
+                    return  # left before its body was in: nothing to answer
+            if request.relative is not None:
+                await self._serve(request, request.relative)
+            else:
+                await self._serve_other(request)
+        except Exception:  # a bug of this module: the engine's own failures are answers
+            log.exception("the gateway's HTTP server failed on a request")
+            if not request.started and not self.transport.is_closing():
+                request.keep_alive = False
+                self._write(request, 500, errors.gateway_error().all_headers(),
+                            errors.gateway_error().body)
+            else:
+                self.transport.close()
+
+    def _incoming(self, request: _Request, path: str) -> IncomingRequest:
+        return IncomingRequest(request.method, path, request.headers,
+                               b"".join(request.body), ADAPTER_NAME, request.query)
+
+    async def _serve(self, request: _Request, path: str) -> None:
+        incoming = self._incoming(request, path)
+        if request.refusal is not None:
+            refused = self.gateway.refuse(incoming, request.refusal)
+            self._write(request, refused.status, refused.all_headers(), refused.body)
+            return
+        admitted = await self.gateway.admit(incoming)
+        if isinstance(admitted, Rejection):
+            self._write(request, admitted.status, admitted.all_headers(), admitted.body)
+            return
+        await self._relay(request, admitted)
+
+    async def _relay(self, request: _Request, exchange: Exchange) -> None:
+        response = None
+        task = asyncio.current_task()
+        self._relaying = True
+        try:
+            if self._gone:  # left while it was admitted: not sent
+                return
+            response = await self.gateway.respond(exchange)
+            if response.chunks is None:
+                self._write(request, response.status, response.headers, response.body)
+                return
+            self._write_head(request, response.status, response.headers, None)
+            write = self.transport.write
+            async for chunk in response.chunks:
+                if self._drained is not None:
+                    await self._drained
+                if self._gone:
+                    break
+                if chunk:
+                    write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+            else:
+                write(b"0\r\n\r\n")
+        except asyncio.CancelledError:
+            if not self._gone or task is None:
+                raise
+            task.uncancel()  # the client left: its record says so, nothing more to do
+        finally:
+            self._relaying = False
+            if response is not None and response.chunks is not None:
+                await response.chunks.aclose()  # type: ignore[attr-defined]
+            exchange.finish(client_disconnected=self._gone)
+
+    async def _serve_other(self, request: _Request) -> None:
+        """What the middleware answers outside the API (probes, metrics), and the 404."""
+        path = request.path
+        if path == "/healthz":
+            self._write(request, 200, _JSON, b'{"status":"ok"}')
+        elif path == "/metrics":
+            body, content_type = self.gateway.telemetry.metrics()
+            self._write(request, 200, [("content-type", content_type)], body)
+        elif path == "/readyz":
+            readiness = await self.gateway.readiness()
+            self._write(request, 200 if readiness.ready else 503, _JSON, readiness.body())
+        else:
+            refused = self.gateway.refuse(self._incoming(request, path),
+                                          errors.not_found(request.method, path))
+            self._write(request, refused.status, refused.all_headers(), refused.body)
+
+    # ---- writing -----------------------------------------------------------------------
+
+    def _write_head(self, request: _Request, status: int, headers: Headers,
+                    body: bytes | None) -> None:
+        """The status line and headers, and ``body`` whole in the same write (None: a
+        stream follows, chunked)."""
+        keep_alive = request.keep_alive and not self._closing
+        head = [STATUS_LINES.get(status) or _status_line(status)]
+        for name, value in self.server_state.default_headers:  # the date, as uvicorn's
+            head.append(name + b": " + value + b"\r\n")
+        lines = "".join([f"{name}: {value}\r\n" for name, value in headers
+                         if name not in _FRAMING])
+        head.append(lines.encode("latin-1"))
+        if body is None:
+            head.append(b"transfer-encoding: chunked\r\n")
+        else:
+            head.append(b"content-length: %d\r\n" % len(body))
+        if not keep_alive:
+            head.append(b"connection: close\r\n")
+        head.append(b"\r\n")
+        if body and request.method != "HEAD":
+            head.append(body)
+        request.started = True  # not before: a head that cannot be encoded is still a 500
+        self.transport.write(b"".join(head))
+
+    def _write(self, request: _Request, status: int, headers: Headers, body: bytes) -> None:
+        if not self._gone:
+            self._write_head(request, status, headers, body)
+
+    # ---- limits ------------------------------------------------------------------------
+
+    def _expired(self, wait: Wait, request: object | None) -> None:
+        if self.transport.is_closing():
+            return
+        log.debug("closing a connection that kept the gateway waiting for %s", wait)
+        self._reap(self.limits.timeout_answer(wait), wait.answerable and self._may_answer(request))
+
+    def _may_answer(self, request: object | None) -> bool:
+        """Nothing was or is being written for the request in question, so an answer of
+        ours neither corrupts nor contradicts one (an answer under way, a pipelined one)."""
+        if self._waiting:
+            return False
+        if isinstance(request, _Request):
+            return not request.started
+        return self._answering is None or not self._answering.started
+
+    def _reap(self, rejection: Rejection, answer: bool) -> None:
+        if answer:
+            self.transport.write(answer_bytes(rejection, self.server_state.default_headers))
+        # Closing also ends a request being answered: connection_lost says the client left.
+        self.transport.close()
+
+
+def server_options(app: object, settings: Settings) -> dict[str, Any]:
+    """The protocol settings of ``uvicorn.Config`` for ``app``: the standalone gateway
+    (serve's public listener, the reverse sidecar) is answered by this protocol, every
+    other app by uvicorn's; both with the connection limits."""
+    options = connection_options(settings)
+    if isinstance(app, GatewayMiddleware) and app.standalone:
+        options["http"] = type("GatewayHttpProtocol", (GatewayHttpProtocol,), {
+            "middleware": app, "limits": ConnectionLimits.from_settings(settings)})
+    return options
