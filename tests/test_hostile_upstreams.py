@@ -83,6 +83,23 @@ async def _stream_bomb(request: web.Request) -> web.StreamResponse:
     return response
 
 
+FIREHOSE_FRAMES = 100_000  # of about 1 KiB each: 100 MiB, as fast as the gateway takes them
+FIREHOSE_SENT: list[int] = []  # frames the last firehose got written
+
+
+async def _firehose(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await response.prepare(request)
+    frame = b"data: " + json.dumps(
+        {"choices": [{"index": 0, "delta": {"content": "z" * 1000}}]}).encode() + b"\n\n"
+    FIREHOSE_SENT[:] = [0]
+    with contextlib.suppress(ConnectionError):
+        for _ in range(FIREHOSE_FRAMES):
+            await response.write(frame)  # waits while the gateway reads nothing
+            FIREHOSE_SENT[0] += 1
+    return response
+
+
 async def _too_long(request: web.Request) -> web.StreamResponse:
     """Says 2 bytes, sends more: the extra must not poison the connection's next answer."""
     body = json.dumps({"id": "x", "choices": []}).encode()
@@ -111,7 +128,7 @@ async def _catch(request: web.Request) -> web.Response:
 ROUTES = {"echo-key": _echo_key, "echo-key-stream": _echo_key_stream, "bomb": _bomb,
           "endless-json": _endless_json, "endless-line": _endless_line,
           "stream-bomb": _stream_bomb, "too-long": _too_long, "redirect": _redirect,
-          "catch": _catch}
+          "catch": _catch, "firehose": _firehose}
 
 
 @contextlib.contextmanager
@@ -211,6 +228,24 @@ def test_an_sse_event_without_end_ends_the_stream_in_band(gateway: tuple[str, in
     assert done == "data: [DONE]"
     growth = (rss_peak_kib(gateway[1]) - before) / 1024
     assert growth < 50, f"peak RSS grew by {growth:.0f} MiB"
+
+
+def test_a_client_that_stops_reading_stops_the_upstream_not_fills_memory(
+    gateway: tuple[str, int, str],
+) -> None:
+    """The gateway waits while the client's socket is full, and so stops reading the
+    provider: a 100 MiB stream to a client that reads nothing costs a few socket buffers."""
+    base, pid, key = gateway
+    before = rss_peak_kib(pid)
+    with httpx.Client(timeout=30) as client, client.stream(
+            "POST", base + "/chat/completions", headers={"authorization": f"Bearer {key}"},
+            json={**CHAT, "model": "firehose", "stream": True}) as response:
+        assert response.status_code == 200
+        time.sleep(3)  # reads nothing
+        sent = FIREHOSE_SENT[0]
+        assert sent < FIREHOSE_FRAMES / 4, f"{sent} frames sent to a client reading nothing"
+    growth = (rss_peak_kib(pid) - before) / 1024
+    assert growth < 30, f"peak RSS grew by {growth:.0f} MiB"
 
 
 def test_more_bytes_than_the_content_length_do_not_poison_the_next_answer(
