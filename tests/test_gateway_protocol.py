@@ -196,3 +196,21 @@ def test_the_sdk_and_httpx_see_the_same_answers_as_from_the_middleware(
         assert client.get("/readyz").json()["status"] in ("ready", "degraded")
         assert "llm_gateway" in client.get("/metrics").text
         assert client.get("/v1/chat/completions").json()["error"]["code"] == "not_found"
+
+
+def test_a_request_framed_two_ways_is_refused_not_smuggled(gw: RunningGateway) -> None:
+    """Content-Length beside Transfer-Encoding, or two Content-Lengths: llhttp's strict
+    framing refuses both, so nothing hides a second request inside a body."""
+    key = gw.key()
+    body = json.dumps(CHAT).encode()
+    smuggled = b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n"
+    for framing in (b"content-length: 5\r\ntransfer-encoding: chunked\r\n",
+                    b"content-length: %d\r\ncontent-length: 5\r\n" % len(body)):
+        with socket.create_connection(address(gw)) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nauthorization: "
+                         b"Bearer " + key.encode() + b"\r\n" + framing + b"\r\n"
+                         + b"%x\r\n%b\r\n0\r\n\r\n" % (len(body), body) + smuggled)
+            [(status, _, answer)] = read_answers(sock, 1)
+            assert closed(sock)
+        assert (status, json.loads(answer)["error"]["code"]) == (400, "malformed_http")
+    assert gw.finished.records == []
