@@ -81,9 +81,8 @@ class _Request:
     relative: str | None  # the path under the API prefix, when the engine serves it
     body: list[bytes] = field(default_factory=list)
     size: int = 0
-    complete: bool = False  # the whole body is in
     refusal: Rejection | None = None  # answered without its body (too large)
-    arrived: asyncio.Future[None] | None = None  # set when the answer waits for the body
+    queued: bool = False  # handed to be answered (it is, or waits behind another)
     started: bool = False  # bytes of its answer were written
 
 
@@ -134,9 +133,6 @@ class GatewayHttpProtocol(asyncio.Protocol):
         self.watch.close()
         if self._answering is not None:
             self._gone = True
-            arrived = self._answering.arrived
-            if arrived is not None and not arrived.done():
-                arrived.set_result(None)
             if self._relaying and self._task is not None:
                 self._task.cancel()  # the exchange finishes as client_disconnected
         self._resume_writing()
@@ -218,11 +214,17 @@ class GatewayHttpProtocol(asyncio.Protocol):
         self._reading = request
         self._header_bytes, self._in_body = 0, True
         self.watch.headers_complete(request)
-        if relative is not None:
-            for name, value in request.headers:
-                if name == "content-length" and value.isdigit() and int(value) > self.body_limit:
-                    request.refusal = self.gateway.body_too_large()
-        self._enqueue(request)
+        if relative is None:
+            self._enqueue(request)  # its body is not read: answered now
+            return
+        for name, value in request.headers:
+            if name == "content-length" and value.isdigit() and int(value) > self.body_limit:
+                request.refusal = self.gateway.body_too_large()
+                self._enqueue(request)  # answered without reading its body
+                return
+            if (name == "expect" and value.lower() == "100-continue"
+                    and self._answering is None):
+                self.transport.write(CONTINUE)  # the body is wanted
 
     def on_body(self, body: bytes) -> None:
         request = self._reading
@@ -232,7 +234,7 @@ class GatewayHttpProtocol(asyncio.Protocol):
         if request.size > self.body_limit:
             request.refusal = self.gateway.body_too_large()
             request.body.clear()
-            self._arrived(request)
+            self._enqueue(request)
             return
         request.body.append(body)
 
@@ -240,18 +242,16 @@ class GatewayHttpProtocol(asyncio.Protocol):
         request = self._reading
         self._reading, self._in_body = None, False
         if request is not None:
-            request.complete = True
             self.watch.body_complete(request)
-            self._arrived(request)
-
-    @staticmethod
-    def _arrived(request: _Request) -> None:
-        if request.arrived is not None and not request.arrived.done():
-            request.arrived.set_result(None)
+            if not request.queued:
+                self._enqueue(request)
 
     # ---- answering, one request at a time ----------------------------------------------
 
     def _enqueue(self, request: _Request) -> None:
+        """A request to answer once its body is in (or not needed): now, or after the one
+        being answered (pipelining)."""
+        request.queued = True
         if self._answering is None:
             self._start(request)
         else:  # pipelined: it waits, and so do its bytes
@@ -260,7 +260,9 @@ class GatewayHttpProtocol(asyncio.Protocol):
 
     def _start(self, request: _Request) -> None:
         self._answering, self._gone = request, False
-        task = self.loop.create_task(self._answer(request))
+        # Started at once, inside the parser's callback: it runs up to its first wait (the
+        # key store, the provider) without waiting for the loop's next turn.
+        task = asyncio.Task(self._answer(request), loop=self.loop, eager_start=True)
         self._task = task
         self.server_state.tasks.add(task)
         task.add_done_callback(self._answered)
@@ -282,14 +284,6 @@ class GatewayHttpProtocol(asyncio.Protocol):
 
     async def _answer(self, request: _Request) -> None:
         try:
-            if not request.complete and request.refusal is None and request.relative:
-                if any(name == "expect" and value.lower() == "100-continue"
-                       for name, value in request.headers):
-                    self.transport.write(CONTINUE)
-                request.arrived = self.loop.create_future()
-                await request.arrived
-                if self._gone:
-                    return  # left before its body was in: nothing to answer
             if request.relative is not None:
                 await self._serve(request, request.relative)
             else:
