@@ -214,3 +214,22 @@ def test_a_request_framed_two_ways_is_refused_not_smuggled(gw: RunningGateway) -
             assert closed(sock)
         assert (status, json.loads(answer)["error"]["code"]) == (400, "malformed_http")
     assert gw.finished.records == []
+
+
+def test_a_pipelined_body_that_never_ends_never_cuts_into_the_answer_before_it(
+        start_gateway) -> None:  # type: ignore[no-untyped-def]
+    """Its body deadline closes the connection; no 408 is written into a stream under way."""
+    from llm_gateway.testing.fake_upstream import FakeUpstream, running_fake_upstream
+
+    with running_fake_upstream(FakeUpstream(chunk_delay=0.5)) as (_, slow_url):
+        gw = start_gateway(slow_url, body_read_timeout_seconds=1.0)
+        key = gw.key()
+        with socket.create_connection(address(gw)) as sock:
+            sock.sendall(post(key, json.dumps({**CHAT, "stream": True}).encode())
+                         + post(key, json.dumps(CHAT).encode())[:-5])  # 5 bytes short
+            received, started = b"", time.monotonic()
+            sock.settimeout(10)
+            while data := sock.recv(65536):
+                received += data
+        assert time.monotonic() - started < 5
+    assert received.startswith(b"HTTP/1.1 200 OK") and b"HTTP/1.1 408" not in received

@@ -292,8 +292,8 @@ class GatewayHttpProtocol(asyncio.Protocol):
             log.exception("the gateway's HTTP server failed on a request")
             if not request.started and not self.transport.is_closing():
                 request.keep_alive = False
-                self._write(request, 500, errors.gateway_error().all_headers(),
-                            errors.gateway_error().body)
+                failed = errors.gateway_error()
+                self._write(request, 500, failed.all_headers(), failed.body)
             else:
                 self.transport.close()
 
@@ -403,8 +403,8 @@ class GatewayHttpProtocol(asyncio.Protocol):
         ours neither corrupts nor contradicts one (an answer under way, a pipelined one)."""
         if self._waiting:
             return False
-        if isinstance(request, _Request):
-            return not request.started
+        if isinstance(request, _Request):  # late with its body: not behind another answer
+            return not request.started and self._answering in (None, request)
         return self._answering is None or not self._answering.started
 
     def _reap(self, rejection: Rejection, answer: bool) -> None:
