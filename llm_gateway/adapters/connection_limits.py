@@ -45,6 +45,7 @@ from llm_gateway.engine import answer_ids
 from llm_gateway.errors import Rejection
 
 __all__ = [
+    "BoundedHead",
     "ConnectionLimits",
     "ConnectionWatch",
     "LimitedHttpToolsProtocol",
@@ -232,7 +233,41 @@ class HeadHeldTransport:
         return getattr(self._transport, name)
 
 
-class LimitedHttpToolsProtocol(HttpToolsProtocol):
+class BoundedHead:
+    """What both HTTP protocols of ``serve`` share (uvicorn's, below, and the gateway's own):
+    a parser is fed at most the bytes that may still belong to a request's head, so no
+    more than ``max_header_bytes`` are ever buffered; past them, a 431."""
+
+    limits: ClassVar[ConnectionLimits]
+    transport: asyncio.Transport
+    _header_bytes: int = 0  # fed since the last headers ended, outside bodies
+    _in_body: bool = False
+
+    def _feed_bounded(self, data: bytes, feed: Callable[[bytes], None]) -> None:
+        while data:
+            if self._in_body:
+                # A body is bounded by REQUEST_BODY_LIMIT_BYTES, in the app. What follows
+                # it in this same read (a pipelined request) goes uncounted: one read.
+                feed(data)
+                return
+            room = self.limits.max_header_bytes - self._header_bytes
+            if room <= 0:
+                self._reap(self.limits.too_large_answer(), self._may_answer(None))
+                return
+            head, data = data[:room], data[room:]
+            self._header_bytes += len(head)
+            feed(head)
+            if self.transport.is_closing():
+                return
+
+    def _may_answer(self, request: object | None) -> bool:
+        raise NotImplementedError
+
+    def _reap(self, rejection: Rejection, answer: bool) -> None:
+        raise NotImplementedError
+
+
+class LimitedHttpToolsProtocol(BoundedHead, HttpToolsProtocol):
     """uvicorn's httptools protocol with the connection limits (``connection_options``
     makes a subclass carrying the configured ``limits``).
 
@@ -246,8 +281,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     limits: ClassVar[ConnectionLimits] = ConnectionLimits.from_settings(Settings())
     _watch: ConnectionWatch
     _writes: HeadHeldTransport
-    _header_bytes: int = 0  # fed since the last headers ended, outside bodies
-    _in_body: bool = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._writes = HeadHeldTransport(transport, self.loop)
@@ -260,21 +293,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         self._watch.received()
-        while data:
-            if self._in_body:
-                # A body is bounded by REQUEST_BODY_LIMIT_BYTES, in the app. What follows
-                # it in this same read (a pipelined request) goes uncounted: one read.
-                super().data_received(data)
-                return
-            room = self.limits.max_header_bytes - self._header_bytes
-            if room <= 0:
-                self._reap(self.limits.too_large_answer(), self._may_answer(None))
-                return
-            head, data = data[:room], data[room:]
-            self._header_bytes += len(head)
-            super().data_received(head)
-            if self.transport.is_closing():
-                return
+        self._feed_bounded(data, super().data_received)
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()

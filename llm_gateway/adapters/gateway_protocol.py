@@ -40,6 +40,7 @@ import httptools
 from llm_gateway import errors
 from llm_gateway.adapters.asgi import ADAPTER_NAME, GatewayMiddleware
 from llm_gateway.adapters.connection_limits import (
+    BoundedHead,
     ConnectionLimits,
     ConnectionWatch,
     Wait,
@@ -86,12 +87,11 @@ class _Request:
     started: bool = False  # bytes of its answer were written
 
 
-class GatewayHttpProtocol(asyncio.Protocol):
+class GatewayHttpProtocol(BoundedHead, asyncio.Protocol):
     """One client connection (``server_options`` makes the subclass carrying the
     gateway's middleware and the connection limits)."""
 
     middleware: ClassVar[GatewayMiddleware]
-    limits: ClassVar[ConnectionLimits]
 
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -114,8 +114,6 @@ class GatewayHttpProtocol(asyncio.Protocol):
         self._answering: _Request | None = None
         self._task: asyncio.Task[None] | None = None
         self._waiting: collections.deque[_Request] = collections.deque()  # pipelined
-        self._header_bytes = 0  # fed since the last headers ended, outside bodies
-        self._in_body = False
         self._closing = False  # graceful shutdown: close once the answer is complete
         self._gone = False  # the client left before its answer was complete
         self._relaying = False  # a disconnect may cancel the answer now (an exchange owns it)
@@ -163,21 +161,7 @@ class GatewayHttpProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.watch.received()
         try:
-            while data:
-                if self._in_body:
-                    # A body is bounded by REQUEST_BODY_LIMIT_BYTES (below). What follows it
-                    # in this same read (a pipelined request) goes uncounted: one read.
-                    self.parser.feed_data(data)
-                    return
-                room = self.limits.max_header_bytes - self._header_bytes
-                if room <= 0:
-                    self._reap(self.limits.too_large_answer(), self._may_answer(None))
-                    return
-                head, data = data[:room], data[room:]
-                self._header_bytes += len(head)
-                self.parser.feed_data(head)
-                if self.transport.is_closing():
-                    return
+            self._feed_bounded(data, self.parser.feed_data)
         except httptools.HttpParserUpgrade:
             pass  # answered as a plain request: the gateway upgrades to nothing
         except httptools.HttpParserError as exc:
