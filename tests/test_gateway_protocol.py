@@ -115,6 +115,16 @@ def test_expect_100_continue_gets_its_interim_answer(gw: RunningGateway) -> None
     assert status == 200
 
 
+def test_a_body_declared_too_large_gets_no_100_continue_whatever_the_header_order(
+        start_gateway) -> None:  # type: ignore[no-untyped-def]
+    gw = start_gateway(request_body_limit_bytes=1000)
+    with socket.create_connection(address(gw)) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
+                     b"expect: 100-continue\r\ncontent-length: 5000\r\n\r\n")
+        sock.settimeout(5)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 413 ")
+
+
 def test_a_body_over_the_limit_is_refused_unread_and_the_connection_serves_on(
         start_gateway) -> None:  # type: ignore[no-untyped-def]
     gw = start_gateway(request_body_limit_bytes=1000)

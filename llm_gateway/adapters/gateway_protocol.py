@@ -201,14 +201,17 @@ class GatewayHttpProtocol(BoundedHead, asyncio.Protocol):
         if relative is None:
             self._enqueue(request)  # its body is not read: answered now
             return
+        length, expects = "", False
         for name, value in request.headers:
-            if name == "content-length" and value.isdigit() and int(value) > self.body_limit:
-                request.refusal = self.gateway.body_too_large()
-                self._enqueue(request)  # answered without reading its body
-                return
-            if (name == "expect" and value.lower() == "100-continue"
-                    and self._answering is None):
-                self.transport.write(CONTINUE)  # the body is wanted
+            if name == "content-length":
+                length = value
+            elif name == "expect":
+                expects = value.lower() == "100-continue"
+        if length.isdigit() and int(length) > self.body_limit:
+            request.refusal = self.gateway.body_too_large()
+            self._enqueue(request)  # answered without reading its body (nor asking for it)
+        elif expects and self._answering is None:
+            self.transport.write(CONTINUE)  # the body is wanted
 
     def on_body(self, body: bytes) -> None:
         request = self._reading
