@@ -243,3 +243,34 @@ def test_a_pipelined_body_that_never_ends_never_cuts_into_the_answer_before_it(
                 received += data
         assert time.monotonic() - started < 5
     assert received.startswith(b"HTTP/1.1 200 OK") and b"HTTP/1.1 408" not in received
+
+
+def test_under_a_root_prefix_the_probes_answer_on_both_paths(
+        start_gateway) -> None:  # type: ignore[no-untyped-def]
+    """API_PREFIX: / puts the API at the server's root; /healthz, /readyz and /metrics stay
+    the probes', served by serve's protocol and by the middleware alike (the middleware
+    once sent them to the app: 404)."""
+    import asyncio
+
+    from llm_gateway.adapters.asgi import create_app
+
+    gw = start_gateway(api_prefix="")
+    key = gw.key()
+
+    async def probe(client: httpx.AsyncClient) -> None:
+        assert (await client.get("/healthz")).json() == {"status": "ok"}
+        assert (await client.get("/metrics")).status_code == 200
+        assert (await client.get("/v1/chat/completions")).status_code == 404
+
+    async def both() -> None:
+        app = create_app(gw.gateway.settings, gateway=gw.gateway)
+        async with httpx.AsyncClient(base_url="http://asgi",
+                                     transport=httpx.ASGITransport(app=app)) as middleware:
+            await probe(middleware)
+        async with httpx.AsyncClient(base_url=gw.url) as served:
+            await probe(served)
+            answer = await served.post("/chat/completions", json=CHAT,
+                                       headers={"authorization": f"Bearer {key}"})
+            assert answer.status_code == 200
+
+    asyncio.run(both())

@@ -88,12 +88,13 @@ class GatewayMiddleware:
         kind = scope["type"]
         if kind == "http":
             path: str = scope["path"]
-            if path.startswith(self.prefix + "/"):
-                relative = path[len(self.prefix):]
-                if self.gateway.endpoint_for(scope["method"], relative) is not None:
-                    await self._serve(scope, receive, send, relative)
-                    return
-            elif path == "/healthz":
+            # The API first; the probes then, also under a prefix of "/" (API_PREFIX: /),
+            # where the API's root is the server's.
+            if path.startswith(self.prefix + "/") and self.gateway.endpoint_for(
+                    scope["method"], path[len(self.prefix):]) is not None:
+                await self._serve(scope, receive, send, path[len(self.prefix):])
+                return
+            if path == "/healthz":
                 await send_body(send, 200, b'{"status":"ok"}', _JSON)
                 return
             elif path == "/metrics":
