@@ -88,29 +88,42 @@ class GatewayMiddleware:
         kind = scope["type"]
         if kind == "http":
             path: str = scope["path"]
-            # The API first; the probes then, also under a prefix of "/" (API_PREFIX: /),
-            # where the API's root is the server's.
-            if path.startswith(self.prefix + "/") and self.gateway.endpoint_for(
-                    scope["method"], path[len(self.prefix):]) is not None:
-                await self._serve(scope, receive, send, path[len(self.prefix):])
+            relative = self.api_path(scope["method"], path)
+            if relative is not None:
+                await self._serve(scope, receive, send, relative)
                 return
-            if path == "/healthz":
-                await send_body(send, 200, b'{"status":"ok"}', _JSON)
-                return
-            elif path == "/metrics":
-                body, content_type = self.gateway.telemetry.metrics()
-                await send_body(send, 200, body, [("content-type", content_type)])
-                return
-            elif path == "/readyz":
-                # 200 "ready" or "degraded" (fail-open keeps serving: stay in rotation),
-                # 503 "unavailable" (fail-closed refuses), with each backend's state.
-                readiness = await self.gateway.readiness()
-                await send_body(send, 200 if readiness.ready else 503, readiness.body(), _JSON)
+            answer = await self.probe(path)
+            if answer is not None:
+                await send_body(send, *answer)
                 return
         elif kind == "lifespan":
             await self.app(scope, self._lifespan_receive(receive, send), send)
             return
         await self._call_app(scope, receive, send)
+
+    def api_path(self, method: str, path: str) -> str | None:
+        """``path`` under the API root, when the engine serves it (else None): the one rule
+        for what is the gateway's, in this middleware and in serve's own protocol."""
+        if path.startswith(self.prefix + "/"):
+            relative = path[len(self.prefix):]
+            if self.gateway.endpoint_for(method, relative) is not None:
+                return relative
+        return None
+
+    async def probe(self, path: str) -> tuple[int, bytes, list[tuple[str, str]]] | None:
+        """The answer of a probe path (status, body, headers), else None. The probes keep
+        their paths under any prefix, "/" too (the API then at the server's root)."""
+        if path == "/healthz":
+            return 200, b'{"status":"ok"}', _JSON
+        if path == "/metrics":
+            body, content_type = self.gateway.telemetry.metrics()
+            return 200, body, [("content-type", content_type)]
+        if path == "/readyz":
+            # 200 "ready" or "degraded" (fail-open keeps serving: stay in rotation),
+            # 503 "unavailable" (fail-closed refuses), with each backend's state.
+            readiness = await self.gateway.readiness()
+            return 200 if readiness.ready else 503, readiness.body(), _JSON
+        return None
 
     async def _call_app(self, scope: Scope, receive: Receive, send: Send) -> None:
         identity = None

@@ -69,7 +69,6 @@ STATUS_LINES = {status: _status_line(status) for status in range(100, 600)}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # The framing is this module's to write: the engine's headers never carry it.
 _FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
-_JSON = [("content-type", "application/json")]
 
 
 @dataclass(slots=True, eq=False)  # eq=False: hashed by identity (the watch's keys)
@@ -100,7 +99,6 @@ class GatewayHttpProtocol(BoundedHead, asyncio.Protocol):
         self.loop = _loop or asyncio.get_event_loop()
         self.server_state = server_state
         self.gateway = self.middleware.gateway
-        self.prefix = self.middleware.prefix + "/"
         self.body_limit = self.gateway.settings.request_body_limit_bytes
         self.parser = httptools.HttpRequestParser(self)
         with contextlib.suppress(AttributeError):  # httptools < 0.6.3
@@ -187,11 +185,7 @@ class GatewayHttpProtocol(BoundedHead, asyncio.Protocol):
         if "%" in path:
             path = urllib.parse.unquote(path)
         method = parser.get_method().decode("ascii")
-        relative = None
-        if path.startswith(self.prefix):
-            relative = path[len(self.prefix) - 1:]
-            if self.gateway.endpoint_for(method, relative) is None:
-                relative = None
+        relative = self.middleware.api_path(method, path)
         request = _Request(
             method, path, (url.query or b"").decode("latin-1"), self._headers,
             parser.get_http_version() != "1.0" and parser.should_keep_alive(), relative)
@@ -333,16 +327,12 @@ class GatewayHttpProtocol(BoundedHead, asyncio.Protocol):
             exchange.finish(client_disconnected=self._gone)
 
     async def _serve_other(self, request: _Request) -> None:
-        """What the middleware answers outside the API (probes, metrics), and the 404."""
+        """The probes, as the middleware answers them, and the 404."""
         path = request.path
-        if path == "/healthz":
-            self._write(request, 200, _JSON, b'{"status":"ok"}')
-        elif path == "/metrics":
-            body, content_type = self.gateway.telemetry.metrics()
-            self._write(request, 200, [("content-type", content_type)], body)
-        elif path == "/readyz":
-            readiness = await self.gateway.readiness()
-            self._write(request, 200 if readiness.ready else 503, _JSON, readiness.body())
+        answer = await self.middleware.probe(path)
+        if answer is not None:
+            status, body, headers = answer
+            self._write(request, status, headers, body)
         else:
             refused = self.gateway.refuse(self._incoming(request, path),
                                           errors.not_found(request.method, path))
