@@ -221,8 +221,10 @@ def test_chunk_delay_spaces_content_chunks(venice, configured_by):
     sent_at = fake.requests[-1].chunk_sent_at
     assert len(sent_at) == len(arrivals) == 4
     assert all(later - earlier >= delay for earlier, later in itertools.pairwise(sent_at))
-    # Spread out: three gaps of the delay (timers may fire a little early on a loaded VM).
-    assert arrivals[-1] - arrivals[0] >= 3 * delay * 0.75
+    # Streamed, not held back: the first chunk was read before the last was sent. (The
+    # client's reads themselves bunch up on a loaded host: CI once saw 0.061 s between the
+    # first and last arrival of chunks sent 30 ms apart.)
+    assert arrivals[0] < sent_at[-1]
 
 
 def test_non_stream_answer_takes_the_generation_time(venice):
