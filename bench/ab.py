@@ -1,20 +1,20 @@
 """``python -m bench.ab OLD NEW``: one gateway from two source trees, side by side, to judge
 a change worth a few microseconds, which a full run cannot tell from the host's drift.
 
-    python -m bench.ab /tmp/before . [--target serve|serve-budget] [--pairs 3000]
+    python -m bench.ab /tmp/before . [--target serve|serve-redis|serve-budget] [--pairs 3000]
                                      [--rounds 10] [--old-env K=V ...] [--new-env K=V ...]
                                      [--old-target T] [--new-target T]
 
 OLD and NEW are checkouts of the project (``git worktree add /tmp/before HEAD~1``); each
 gateway runs with its tree first on ``PYTHONPATH``, so both use this environment's
 packages. Both are started as the benchmark starts ``--target`` (the routed alias; Redis,
-prices and a budget for serve-budget), pinned to the target CPU, against one fake
-upstream. Then, at concurrency 1, one request to each in turn (which goes first
-alternates), each on its own keep-alive connection: percentiles per tree and the
-difference of the p50s, with the CPU per request. Then CPU per request at concurrency 8 in
-``--rounds`` rounds, which tree goes first alternating: the median per tree. ``--old-env``
-and ``--new-env`` set variables on one side only (the same tree twice with
-``--new-env ACCESS_LOG=off`` measures a setting). The same tree on both sides measures the
+prices and a budget for serve-budget; the rate limit in Redis for serve-redis), pinned to
+the target CPU, against one fake upstream. Then, at concurrency 1, one request to each in
+turn (which goes first alternates), each on its own keep-alive connection: percentiles per
+tree and the difference of the p50s, with the CPU per request. Then CPU per request at
+concurrency 8 in ``--rounds`` rounds, which tree goes first alternating: the median per
+tree. ``--old-env`` and ``--new-env`` set variables on one side only (the same tree twice
+with ``--new-env ACCESS_LOG=off`` measures a setting). The same tree on both sides measures the
 harness's own noise: 2 us at the c=1 p50 on a quiet host.
 """
 
@@ -33,10 +33,17 @@ from bench.phases import KeepAlive, started
 from bench.procstat import cpu_seconds
 from bench.run import assign_cpus
 from bench.stats import summarize_latencies
-from bench.targets import Environment, Target, start_environment, start_serve, start_serve_budget
+from bench.targets import (
+    Environment,
+    Target,
+    start_environment,
+    start_serve,
+    start_serve_budget,
+    start_serve_redis,
+)
 
 SIDES = ("old", "new")
-TARGETS = ("serve", "serve-budget")
+TARGETS = ("serve", "serve-redis", "serve-budget")
 
 
 def _environment_of(items: Sequence[str]) -> dict[str, str]:
@@ -49,6 +56,8 @@ def _starter(environment: Environment, target: str, side: str, tree: Path,
     env = {"PYTHONPATH": str(tree.resolve()), **extra}
     if target == "serve-budget":
         return lambda: start_serve_budget(environment, name=side, extra_env=env)
+    if target == "serve-redis":
+        return lambda: start_serve_redis(environment, name=side, extra_env=env)
     return lambda: start_serve(environment, name=side, routed=True, extra_env=env)
 
 

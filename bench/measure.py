@@ -66,7 +66,7 @@ class Plan:
     held_levels: tuple[int, ...]
     # Access log json vs off (bench.phases.observability): rounds of a CPU measurement each.
     observability_rounds: int
-    budget_pairs: int  # the budget phase: requests to each of serve and serve-budget
+    budget_pairs: int  # the budget phase: requests to each of serve, serve-redis, serve-budget
     observability_budget: Budget
     # The in-process transport (bench.phases.inprocess): requests per leg, per round.
     inprocess_requests: int

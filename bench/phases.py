@@ -60,6 +60,7 @@ from bench.targets import (
     free_port,
     start_process,
     start_serve,
+    start_serve_redis,
     start_target,
 )
 
@@ -462,39 +463,45 @@ def _added_gaps(results: dict[str, Any]) -> None:
 
 
 def budget(context: Context) -> dict[str, Any]:
-    """Concurrency-1 latency of serve and serve-budget, one request to each in turn (which
-    goes first alternates), each on its own keep-alive connection: the difference of the
-    medians is what the budget path adds, with the machine's drift in both legs alike."""
+    """Concurrency-1 latency of serve, serve-redis and serve-budget, one request to each in
+    turn (the order alternating), each on its own keep-alive connection: the difference of
+    the medians is what the budget path adds, with the machine's drift in every leg alike.
+    The goal reads serve-budget over serve; serve-redis (the rate limit in Redis, no budget)
+    splits that into what the Redis round trip costs and what the budget adds to it."""
     environment = context.environment
     pairs = context.plan.budget_pairs
     with started(lambda: start_serve(environment, routed=True),
+                 lambda: start_serve_redis(environment),
                  lambda: start_target("serve-budget", environment, context.litellm_venv),
-                 ) as (plain, budgeted):
-        clients = {target.name: KeepAlive(target) for target in (plain, budgeted)}
+                 ) as legs:
+        clients = {target.name: KeepAlive(target) for target in legs}
         for _ in range(200):  # warm: connections, caches, the Redis scripts loaded
             for client in clients.values():
                 client.send()
         latencies: dict[str, list[float]] = {name: [] for name in clients}
-        cpu_before = {t.name: cpu_seconds(t.process.pid) for t in (plain, budgeted)
-                      if t.process is not None}
+        cpu_before = {t.name: cpu_seconds(t.process.pid) for t in legs if t.process}
         for turn in range(pairs):
             order = list(clients) if turn % 2 else list(reversed(clients))
             for name in order:
                 latencies[name].append(clients[name].send())
-        cpu_after = {t.name: cpu_seconds(t.process.pid) for t in (plain, budgeted)
-                     if t.process is not None}
-        notes = budgeted.notes
+        cpu_after = {t.name: cpu_seconds(t.process.pid) for t in legs if t.process}
+        notes = legs[-1].notes
     summaries = {name: summarize_latencies(values) for name, values in latencies.items()}
     figures: dict[str, Any] = {"pairs": pairs, "notes": notes}
     for name, summary in summaries.items():
         figures[name] = {"latency_ms": summary.as_dict(), "cpu_per_request_us": round(
             1e6 * (cpu_after[name] - cpu_before[name]) / pairs, 1)}
-    figures["added_ms"] = {
-        percentile: round(getattr(summaries["serve-budget"], percentile)
-                          - getattr(summaries["serve"], percentile), 3)
-        for percentile in ("p50", "p90", "p99")}
-    say(f"  serve-budget over serve at c=1: p50 +{figures['added_ms']['p50']} ms "
-        f"({pairs} pairs)")
+
+    def over(upper: str, lower: str) -> dict[str, float]:
+        return {percentile: round(getattr(summaries[upper], percentile)
+                                  - getattr(summaries[lower], percentile), 3)
+                for percentile in ("p50", "p90", "p99")}
+
+    figures["added_ms"] = over("serve-budget", "serve")
+    figures["redis_limiter_ms"] = over("serve-redis", "serve")
+    figures["budget_over_redis_ms"] = over("serve-budget", "serve-redis")
+    say(f"  serve-budget over serve at c=1: p50 +{figures['added_ms']['p50']} ms, of which "
+        f"the Redis rate limit alone +{figures['redis_limiter_ms']['p50']} ms ({pairs} pairs)")
     return figures
 
 

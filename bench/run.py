@@ -63,7 +63,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="a few hundred requests per target (what the test suite runs)")
     parser.add_argument("--targets", default=",".join(DEFAULT_TARGETS),
                         help=f"comma-separated, from {','.join(TARGET_NAMES)} (default: all "
-                             "but serve-legacy)")
+                             "but serve-legacy and serve-redis)")
     parser.add_argument("--phases", default=",".join(PHASE_NAMES),
                         help=f"comma-separated, from {','.join(PHASE_NAMES)}, or none "
                              "(default: all)")

@@ -35,11 +35,13 @@ START_TIMEOUT_SECONDS = 60.0
 
 # Rows of the table, in the order they are measured. serve, serve-budget and the sidecars name
 # the alias ROUTED_MODEL (two providers, 70/30, both the fake upstream): routing is on the
-# measured path. serve-legacy is the single-provider set-up of VENICE_* alone (not run unless
-# named: --targets).
-TARGET_NAMES = ("direct", "serve", "serve-legacy", "serve-budget", "sidecar-reverse",
-                "sidecar-regular", "litellm")
-DEFAULT_TARGETS = tuple(name for name in TARGET_NAMES if name != "serve-legacy")
+# measured path. serve-legacy is the single-provider set-up of VENICE_* alone, serve-redis
+# serve with its rate limit in Redis and no budget (the budget phase runs it anyway); neither
+# is a row unless named (--targets).
+TARGET_NAMES = ("direct", "serve", "serve-legacy", "serve-redis", "serve-budget",
+                "sidecar-reverse", "sidecar-regular", "litellm")
+DEFAULT_TARGETS = tuple(name for name in TARGET_NAMES
+                        if name not in ("serve-legacy", "serve-redis"))
 GATEWAY_TARGETS = TARGET_NAMES[1:]
 # The model name sent to the upstream and to the legacy gateway; LiteLLM maps its own aliases
 # (see litellm_env).
@@ -433,6 +435,23 @@ def _cli(args: Sequence[str], env: dict[str, str]) -> str:
     return completed.stdout
 
 
+def start_serve_redis(environment: Environment, *, name: str = "serve-redis",
+                      extra_env: dict[str, str] | None = None) -> Target:
+    """serve with its rate limit in Redis and nothing else of serve-budget (no prices, no
+    budget): what the Redis round trip alone costs, so that the budget phase can tell it
+    from what the budget itself adds."""
+    url = (extra_env or {}).get("REDIS_URL") or _redis_url()
+    if (reason := _redis_reachable(url)) is not None:
+        raise TargetUnavailable(reason)
+    namespace = f"llmg-bench-{name}-{os.getpid()}-{int(time.time())}"
+    target = start_serve(environment, name=name, routed=True,
+                         extra_env={"REDIS_URL": url, "REDIS_NAMESPACE": namespace,
+                                    **(extra_env or {})},
+                         notes=[f"Redis {url} (namespace {namespace}): rate limit only"])
+    target.cleanup.append(lambda: _forget_namespace(url, namespace))
+    return target
+
+
 def start_serve_budget(environment: Environment, *, name: str = "serve-budget",
                        extra_env: dict[str, str] | None = None) -> Target:
     """serve with Redis (limits and budgets shared there), prices for both targets of the
@@ -548,6 +567,8 @@ def start_target(name: str, environment: Environment, litellm_venv: Path) -> Tar
         return start_serve(environment, name="serve-legacy", routed=False)
     if name == "serve-budget":
         return start_serve_budget(environment)
+    if name == "serve-redis":
+        return start_serve_redis(environment)
     if name == "sidecar-reverse":
         return start_sidecar(environment, "reverse")
     if name == "sidecar-regular":

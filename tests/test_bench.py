@@ -93,6 +93,12 @@ def test_quick_run_prints_the_table_and_writes_json_png_and_markdown(tmp_path):
         assert paired["status"] == "ok", paired
         assert paired["pairs"] == 600 and set(paired["added_ms"]) == {"p50", "p90", "p99"}
         assert paired["serve-budget"]["cpu_per_request_us"] > 0
+        # serve-redis splits the difference: the Redis round trip, and the budget on top.
+        assert paired["serve-redis"]["cpu_per_request_us"] > 0
+        for p in ("p50", "p90", "p99"):
+            assert paired["added_ms"][p] == pytest.approx(
+                paired["redis_limiter_ms"][p] + paired["budget_over_redis_ms"][p], abs=0.002)
+        assert "serve-redis ms" in table
         assert "Budget phase" in table
         measured = goals["serve-budget: added c=1 p50 over serve's"]["measured"]
         assert measured == pytest.approx(paired["added_ms"]["p50"], abs=0.01)
