@@ -271,11 +271,12 @@ def _budget_phase_section(phase: Mapping[str, Any]) -> Section:
     cpu = [_num((phase.get(name) or {}).get("cpu_per_request_us"), 0) for name in legs]
     return Section(title, ("percentile", "serve ms", "serve-redis ms", "serve-budget ms",
                            "Redis limit +ms", "budget +ms", "difference ms"), rows,
-                   [f"{phase.get('pairs')} pairs, the order alternating; CPU per request at "
-                    f"c=1: serve {cpu[0]} us, serve-redis {cpu[1]} us, serve-budget {cpu[2]} "
-                    "us. serve-redis has its rate limit in Redis and no budget: 'Redis limit' "
-                    "is what the round trip costs, 'budget' what the budget adds to it. The "
-                    "issue 11 goal reads the difference, serve-budget over serve."])
+                   [f"{phase.get('pairs')} rounds of one request to each, the order "
+                    f"alternating; CPU per request at c=1: serve {cpu[0]} us, serve-redis "
+                    f"{cpu[1]} us, serve-budget {cpu[2]} us. serve-redis has its rate limit "
+                    "in Redis and no budget: 'Redis limit' is what the round trip costs, "
+                    "'budget' what the budget adds to it. The issue 11 goal reads the "
+                    "difference, serve-budget over serve."])
 
 
 def _observability_section(phase: Mapping[str, Any]) -> Section:
