@@ -274,3 +274,38 @@ def test_under_a_root_prefix_the_probes_answer_on_both_paths(
             assert answer.status_code == 200
 
     asyncio.run(both())
+
+
+def test_a_pipelined_request_that_expects_100_continue_gets_it_when_its_turn_comes(
+        gw: RunningGateway) -> None:
+    """Its head came while the request before it was answered: the interim answer goes once
+    that answer is out, not never (the client would wait out its own expect timeout)."""
+    key = gw.key()
+    body = json.dumps(CHAT).encode()
+    head, _ = post(key, body, extra=b"expect: 100-continue\r\n").split(b"\r\n\r\n", 1)
+    with socket.create_connection(address(gw)) as sock:
+        sock.sendall(post(key, body) + head + b"\r\n\r\n")
+        received, started = b"", time.monotonic()
+        sock.settimeout(5)
+        while not received.endswith(b"HTTP/1.1 100 Continue\r\n\r\n"):
+            received += sock.recv(65536)
+        # Under curl's 1 s: the interim answer came, not the client's own expect timeout.
+        assert time.monotonic() - started < 0.8
+        assert received.startswith(b"HTTP/1.1 200 OK") and received.count(b"HTTP/1.1") == 2
+        sock.sendall(body)
+        [(second, _, _)] = read_answers(sock, 1)
+    assert second == 200
+    assert len(gw.finished.wait_for(2)) == 2
+
+
+def test_a_request_asking_to_upgrade_is_answered_plainly_and_the_connection_closed(
+        gw: RunningGateway) -> None:
+    """The gateway upgrades to nothing; the parser reads no further once a request asks to,
+    so what follows on the connection is never left waiting: the answer says close."""
+    with socket.create_connection(address(gw)) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\n"
+                     b"Upgrade: websocket\r\n\r\nGET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+        [(status, headers, body)] = read_answers(sock, 1)
+        assert (status, headers.get("connection"), json.loads(body)) == (
+            200, "close", {"status": "ok"})
+        assert closed(sock)

@@ -84,6 +84,8 @@ class _Request:
     refusal: Rejection | None = None  # answered without its body (too large)
     queued: bool = False  # handed to be answered (it is, or waits behind another)
     started: bool = False  # bytes of its answer were written
+    # Asked for a 100 Continue while the request before it was answered: it gets it then.
+    awaits_continue: bool = False
 
 
 class GatewayHttpProtocol(BoundedHead, asyncio.Protocol):
@@ -186,9 +188,12 @@ class GatewayHttpProtocol(BoundedHead, asyncio.Protocol):
             path = urllib.parse.unquote(path)
         method = parser.get_method().decode("ascii")
         relative = self.middleware.api_path(method, path)
+        # A request asking to upgrade is answered as a plain one, and its connection closed:
+        # the parser reads nothing after it (the gateway upgrades to nothing).
         request = _Request(
             method, path, (url.query or b"").decode("latin-1"), self._headers,
-            parser.get_http_version() != "1.0" and parser.should_keep_alive(), relative)
+            parser.get_http_version() != "1.0" and parser.should_keep_alive()
+            and not parser.should_upgrade(), relative)
         self._reading = request
         self._header_bytes, self._in_body = 0, True
         self.watch.headers_complete(request)
@@ -206,6 +211,8 @@ class GatewayHttpProtocol(BoundedHead, asyncio.Protocol):
             self._enqueue(request)  # answered without reading its body (nor asking for it)
         elif expects and self._answering is None:
             self.transport.write(CONTINUE)  # the body is wanted
+        elif expects:
+            request.awaits_continue = True  # wanted once the answer before it is out
 
     def on_body(self, body: bytes) -> None:
         request = self._reading
@@ -262,6 +269,10 @@ class GatewayHttpProtocol(BoundedHead, asyncio.Protocol):
             self._start(self._waiting.popleft())
         if not self._waiting:
             self.transport.resume_reading()
+        reading = self._reading
+        if self._answering is None and reading is not None and reading.awaits_continue:
+            reading.awaits_continue = False
+            self.transport.write(CONTINUE)
 
     async def _answer(self, request: _Request) -> None:
         try:
