@@ -501,7 +501,7 @@ def budget(context: Context) -> dict[str, Any]:
     figures["redis_limiter_ms"] = over("serve-redis", "serve")
     figures["budget_over_redis_ms"] = over("serve-budget", "serve-redis")
     say(f"  serve-budget over serve at c=1: p50 +{figures['added_ms']['p50']} ms, of which "
-        f"the Redis rate limit alone +{figures['redis_limiter_ms']['p50']} ms ({pairs} pairs)")
+        f"the Redis rate limit alone +{figures['redis_limiter_ms']['p50']} ms ({pairs} rounds)")
     return figures
 
 

@@ -219,6 +219,7 @@ class GatewayHttpProtocol(BoundedHead, asyncio.Protocol):
         if request is None or request.relative is None or request.refusal is not None:
             return  # not read: nothing that answers it needs its body
         request.size += len(body)
+        request.awaits_continue = False  # the client sent its body without waiting for it
         if request.size > self.body_limit:
             request.refusal = self.gateway.body_too_large()
             request.body.clear()
