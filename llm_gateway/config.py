@@ -145,6 +145,10 @@ class Settings:
     rate_limit_failure_policy: FailurePolicy = FailurePolicy.FAIL_OPEN
     # `serve`'s processes; several share limits, budgets and health (see wiring.py).
     workers: int = 1
+    # Shared limits and budgets (Redis, Postgres, the workers' file): how long a lease of
+    # room on a busy key far from its limit lasts (llm_gateway.leases); 0: none, every
+    # request is decided in the shared store.
+    limit_lease_seconds: float = 1.0
     egress_policy: EgressPolicy = EgressPolicy.ALLOW
     # connection limits (serve and the sidecar): how long a client may take to send a
     # request's headers (from connecting, or from the first byte after an idle spell) and
@@ -339,14 +343,20 @@ def _one_of(*choices: str) -> Parser:
     return parse
 
 
-def _fraction(raw: Any) -> float:
-    try:
-        value = float(str(raw).strip())
-    except ValueError:
-        raise ValueError(f"expected a number from 0 to 1, got {raw!r}") from None
-    if not 0 <= value <= 1:
-        raise ValueError(f"must be from 0 to 1, got {raw!r}")
-    return value
+def _number_from(low: float, high: float, what: str) -> Parser:
+    def parse(raw: Any) -> float:
+        try:
+            value = float(str(raw).strip())
+        except ValueError:
+            raise ValueError(f"expected {what}, got {raw!r}") from None
+        if not low <= value <= high:
+            raise ValueError(f"must be from {low:g} to {high:g}, got {raw!r}")
+        return value
+
+    return parse
+
+
+_fraction = _number_from(0, 1, "a number from 0 to 1")
 
 
 def _secret(raw: Any) -> Secret:
@@ -436,6 +446,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("RATE_LIMIT_FAILURE_POLICY", "rate_limit_failure_policy", _choice(FailurePolicy)),
     Variable("EGRESS_POLICY", "egress_policy", _choice(EgressPolicy)),
     Variable("WORKERS", "workers", parse_workers),
+    Variable("LIMIT_LEASE_SECONDS", "limit_lease_seconds",
+             _number_from(0, 60, "a number of seconds (0: no leases)")),
     # connection limits
     Variable("HEADER_READ_TIMEOUT_SECONDS", "header_read_timeout_seconds", _seconds),
     Variable("BODY_READ_TIMEOUT_SECONDS", "body_read_timeout_seconds", _seconds),

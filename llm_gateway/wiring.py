@@ -21,8 +21,14 @@ from llm_gateway.billing.quotas import BudgetBook, Quotas
 from llm_gateway.billing.spool import Spool
 from llm_gateway.config import ConfigError, Settings, is_postgres_url
 from llm_gateway.engine import Gateway
-from llm_gateway.limits import MemoryRateLimiter, RateLimiter
+from llm_gateway.limits import (
+    LeasingLimiter,
+    MemoryRateLimiter,
+    RateLimiter,
+    SharedRateLimiter,
+)
 from llm_gateway.limits.failover import FailoverRateLimiter
+from llm_gateway.limits.leased import LeasedRateLimiter
 from llm_gateway.limits.sqlite import SqliteRateLimiter, WorkersFile
 from llm_gateway.outage import Outage, OutageCollector
 from llm_gateway.relay import Relay
@@ -182,19 +188,27 @@ def open_ledger(settings: Settings, store: Store, redis: RedisScripts | None = N
     """Where budgets are counted: Redis when REDIS_URL is set, else Postgres when the store
     is, else the workers' file with several workers, else in process (one gateway
     process: exact)."""
+    shared: Ledger
     if settings.redis_url:
         from llm_gateway.billing.ledger_redis import RedisLedger
 
-        return RedisLedger(settings.redis_url, namespace=settings.redis_namespace, scripts=redis)
-    if is_postgres_url(settings.database_url):
+        shared = RedisLedger(settings.redis_url, namespace=settings.redis_namespace,
+                             scripts=redis)
+    elif is_postgres_url(settings.database_url):
         from llm_gateway.billing.ledger_postgres import PostgresLedger
 
-        return PostgresLedger(store)  # type: ignore[arg-type]
-    if (path := workers_file(settings)) is not None:
+        shared = PostgresLedger(store)  # type: ignore[arg-type]
+    elif (path := workers_file(settings)) is not None:
         from llm_gateway.billing.ledger_sqlite import SqliteLedger
 
-        return SqliteLedger(WorkersFile(path))
-    return MemoryLedger()
+        shared = SqliteLedger(WorkersFile(path))
+    else:
+        return MemoryLedger()
+    if not settings.limit_lease_seconds:
+        return shared
+    from llm_gateway.billing.ledger_leased import LeasedLedger
+
+    return LeasedLedger(shared, settings.limit_lease_seconds)
 
 
 def open_limiter(settings: Settings, store: Store,
@@ -207,8 +221,8 @@ def open_limiter(settings: Settings, store: Store,
         from llm_gateway.limits.redis import RedisRateLimiter
 
         return FailoverRateLimiter(
-            RedisRateLimiter(settings.redis_url, namespace=settings.redis_namespace,
-                             scripts=redis),
+            _leased(RedisRateLimiter(settings.redis_url, namespace=settings.redis_namespace,
+                                     scripts=redis), settings),
             settings.rate_limit_failure_policy,
         )
     if is_postgres_url(settings.database_url):
@@ -217,12 +231,19 @@ def open_limiter(settings: Settings, store: Store,
 
         if isinstance(store, PostgresStore):
             return FailoverRateLimiter(
-                PostgresRateLimiter(store), settings.rate_limit_failure_policy
+                _leased(PostgresRateLimiter(store), settings), settings.rate_limit_failure_policy
             )
     if (path := workers_file(settings)) is not None:
-        return FailoverRateLimiter(SqliteRateLimiter(WorkersFile(path)),
+        return FailoverRateLimiter(_leased(SqliteRateLimiter(WorkersFile(path)), settings),
                                    settings.rate_limit_failure_policy)
     return MemoryRateLimiter()
+
+
+def _leased(shared: LeasingLimiter, settings: Settings) -> SharedRateLimiter:
+    """``shared`` with leases (llm_gateway.leases), unless LIMIT_LEASE_SECONDS is 0."""
+    if not settings.limit_lease_seconds:
+        return shared  # type: ignore[return-value]
+    return LeasedRateLimiter(shared, settings.limit_lease_seconds)  # type: ignore[return-value]
 
 
 def open_shared_evidence(settings: Settings) -> SharedEvidence | None:

@@ -51,6 +51,8 @@ def test_provider_key_is_hidden_in_repr() -> None:
     ("VENICE_MAX_RETRIES", "many"),
     ("CAPTURE_GENAI_CONTENT", "maybe"),
     ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318"),
+    ("LIMIT_LEASE_SECONDS", "-1"),
+    ("LIMIT_LEASE_SECONDS", "soon"),
 ])
 def test_bad_value_names_the_variable(variable: str, value: str) -> None:
     with pytest.raises(ConfigError) as raised:

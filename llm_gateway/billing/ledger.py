@@ -48,6 +48,9 @@ class LedgerAnswer:
     refused_by: str | None = None  # the first counter or bucket that said no
     # What was left on each counter and bucket before this request (granted or not).
     left: dict[str, int] | None = None
+    # Whoever granted it from room held in this process (a lease) knows it by this; the
+    # settlement hands it back. None: granted by the backend.
+    ticket: object = None
 
 
 class Ledger(Protocol):
@@ -55,9 +58,10 @@ class Ledger(Protocol):
 
     async def reserve(self, holds: list[Hold], draws: list[Draw]) -> LedgerAnswer: ...
     async def settle(self, holds: list[Hold], spent: list[int], draws: list[Draw],
-                     used: list[int]) -> None:
+                     used: list[int], ticket: object = None) -> None:
         """Release each hold and book what was spent on its counter; give back (or take
-        more from) each bucket the difference between its draw and what was used."""
+        more from) each bucket the difference between its draw and what was used.
+        ``ticket``: the reservation's answer's."""
         ...
 
     async def close(self) -> None: ...
@@ -154,7 +158,7 @@ class MemoryLedger:
         return reserve_in(self, holds, draws, now)
 
     async def settle(self, holds: list[Hold], spent: list[int], draws: list[Draw],
-                     used: list[int]) -> None:
+                     used: list[int], ticket: object = None) -> None:
         settle_in(self, holds, spent, draws, used, self._clock())
 
     async def close(self) -> None:

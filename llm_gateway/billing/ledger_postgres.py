@@ -35,7 +35,7 @@ class PostgresLedger:
         return LedgerAnswer(granted, refused, dict(zip(names, left or [], strict=True)))
 
     async def settle(self, holds: list[Hold], spent: list[int], draws: list[Draw],
-                     used: list[int]) -> None:
+                     used: list[int], ticket: object = None) -> None:
         async with self._store.connection() as conn:
             await conn.execute(
                 "SELECT llmg_settle(%s, %s, %s, %s, %s, %s, %s, %s)",

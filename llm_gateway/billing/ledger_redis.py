@@ -104,7 +104,7 @@ class RedisLedger:
                             dict(zip(names, (int(value) for value in left), strict=True)))
 
     async def settle(self, holds: list[Hold], spent: list[int], draws: list[Draw],
-                     used: list[int]) -> None:
+                     used: list[int], ticket: object = None) -> None:
         keys = [self._prefix + hold.name for hold in holds] + [
             self._prefix + draw.name for draw in draws]
         args: list[int | str] = [len(holds)]

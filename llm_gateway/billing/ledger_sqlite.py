@@ -66,7 +66,7 @@ class SqliteLedger:
             return reserve_in(_Rows(db), holds, draws, now)
 
     async def settle(self, holds: list[Hold], spent: list[int], draws: list[Draw],
-                     used: list[int]) -> None:
+                     used: list[int], ticket: object = None) -> None:
         now = self._clock()
         with self._file.transaction() as db:
             settle_in(_Rows(db), holds, spent, draws, used, now)

@@ -61,6 +61,7 @@ class Reservation:
     spend_ceiling: int | None = None
     stop_streams: bool = False
     output_price: Price | None = None
+    ticket: object = None  # the ledger's answer's (a lease's reservation)
 
 
 @dataclass(slots=True)
@@ -246,7 +247,7 @@ class Quotas:
                 return QuotaRefusal(refused, _refusal_headers(answer, holds, draws, refused, now))
             decision = QuotaDecision(Reservation(
                 holds, draws, prompt_tokens + cap, _ceiling(answer, holds),
-                limits.stop_streams, price))
+                limits.stop_streams, price, answer.ticket))
             decision.headers = _token_headers(answer, draws, holds, prompt_tokens + cap, now)
         if cap != requested_cap:
             decision.max_tokens, decision.clamped_from = cap, requested_cap
@@ -264,7 +265,8 @@ class Quotas:
         except Exception as exc:  # whatever keeps the ledger from answering
             self.outage.failed(exc)
             return None
-        self.outage.recovered()
+        if answer.ticket is None:  # a lease's answer says nothing of the backend now
+            self.outage.recovered()
         return answer
 
     async def check(self) -> None:
@@ -311,7 +313,7 @@ class Quotas:
         spent = [spent_usd if hold.name.startswith("usd:") else tokens
                  for hold in reservation.holds]
         await self.ledger.settle(reservation.holds, spent, reservation.draws,
-                                 [tokens] * len(reservation.draws))
+                                 [tokens] * len(reservation.draws), reservation.ticket)
 
 
 @functools.lru_cache(maxsize=1024)

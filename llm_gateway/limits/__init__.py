@@ -38,6 +38,7 @@ class LimitDecision:
     remaining: int
     reset_after: float  # seconds until the current window ends (the guard's, if guarded)
     guarded: bool = False  # refused because the guard's window is full
+    leased: bool = False  # decided in this process from a lease, not by the backend
 
     def headers(self) -> list[tuple[str, str]]:
         """OpenAI's rate-limit headers, sent on every response."""
@@ -90,6 +91,26 @@ def guarded(guard: Guard, reset_after: float) -> LimitDecision:
     return LimitDecision(False, guard.limit, 0, reset_after, guarded=True)
 
 
+@dataclass(frozen=True, slots=True)
+class Granted:
+    """A backend's answer to a lease (llm_gateway.leases): ``amount`` counted in the
+    window at once (0: no such room, or the guard is full), the window's count after it
+    (when granted), the time to its end, and its start on the backend's clock (what
+    ``give_back`` names)."""
+
+    amount: int
+    count: int
+    reset_after: float
+    window: float
+
+
+def lease_in_window(count: int, limit: int, amount: int) -> int:
+    """A lease of ``amount`` against a window that has counted ``count``: all of it while
+    it fits under the limit, else nothing (a request may be admitted past the limit's last
+    unit, a lease never). The rule every leasing backend applies."""
+    return amount if count + amount <= limit else 0
+
+
 def bucket_name(key_id: str, limit: int, window_seconds: int) -> str:
     """A key's limits can change (keys rotate, operators edit them): count per setting."""
     return f"{key_id}:{limit}/{window_seconds}"
@@ -110,6 +131,29 @@ class RateLimiter(Protocol):
     async def check(self) -> bool:
         """Ask the backend now (for /readyz); True when it answers."""
         ...
+    async def close(self) -> None: ...
+
+
+class LeasingLimiter(Protocol):
+    """A shared limiter that grants leases: room counted ahead of time, spent in the
+    process that holds it, the rest given back (``limits.leased`` uses them)."""
+
+    backend: str
+
+    async def take(self, key_id: str, limit: int, window_seconds: int,
+                   cost: int = 1, guard: Guard | None = None) -> LimitDecision: ...
+
+    async def lease(self, key_id: str, limit: int, window_seconds: int, amount: int,
+                    guard: Guard | None = None) -> Granted:
+        """Count ``amount`` now if it fits under the limit (and the guard has room)."""
+        ...
+
+    async def give_back(self, key_id: str, limit: int, window_seconds: int, amount: int,
+                        window: float) -> None:
+        """Uncount ``amount`` of a lease, if its window (``Granted.window``) still runs."""
+        ...
+
+    async def ping(self) -> None: ...
     async def close(self) -> None: ...
 
 
@@ -148,6 +192,21 @@ class FixedWindowCounter:
         self._windows[key] = (start, count)
         return decision
 
+    def lease(self, key: str, limit: int, window_seconds: int, now: float,
+              amount: int) -> Granted:
+        start = window_start(now, window_seconds)
+        current_start, count = self._windows.get(key, (start, 0))
+        count = count if current_start == start else 0
+        granted = lease_in_window(count, limit, amount)
+        if granted:
+            self._windows[key] = (start, count + granted)
+        return Granted(granted, count + granted, start + window_seconds - now, start)
+
+    def give_back(self, key: str, amount: int, window: float) -> None:
+        current = self._windows.get(key)
+        if current is not None and current[0] == window:
+            self._windows[key] = (window, max(0, current[1] - amount))
+
 
 class MemoryRateLimiter:
     """One process's limits. Exact within the process: the event loop serialises take()."""
@@ -162,14 +221,31 @@ class MemoryRateLimiter:
     async def take(self, key_id: str, limit: int, window_seconds: int,
                    cost: int = 1, guard: Guard | None = None) -> LimitDecision:
         now = self._clock()
-        if guard is not None:
-            looked = self._counter.take(
-                bucket_name(guard.key_id, guard.limit, guard.window_seconds), guard.limit,
-                guard.window_seconds, now, cost=0)
-            if not looked.allowed:
-                return guarded(guard, looked.reset_after)
+        if guard is not None and (full := self._guard_full(guard, now)) is not None:
+            return full
         bucket = bucket_name(key_id, limit, window_seconds)
         return self._counter.take(bucket, limit, window_seconds, now, cost)
+
+    async def lease(self, key_id: str, limit: int, window_seconds: int, amount: int,
+                    guard: Guard | None = None) -> Granted:
+        now = self._clock()
+        if guard is not None and (full := self._guard_full(guard, now)) is not None:
+            return Granted(0, 0, full.reset_after, window_start(now, window_seconds))
+        return self._counter.lease(bucket_name(key_id, limit, window_seconds), limit,
+                                   window_seconds, now, amount)
+
+    async def give_back(self, key_id: str, limit: int, window_seconds: int, amount: int,
+                        window: float) -> None:
+        self._counter.give_back(bucket_name(key_id, limit, window_seconds), amount, window)
+
+    async def ping(self) -> None:
+        return None
+
+    def _guard_full(self, guard: Guard, now: float) -> LimitDecision | None:
+        looked = self._counter.take(
+            bucket_name(guard.key_id, guard.limit, guard.window_seconds), guard.limit,
+            guard.window_seconds, now, cost=0)
+        return None if looked.allowed else guarded(guard, looked.reset_after)
 
     async def check(self) -> bool:
         return True

@@ -69,7 +69,8 @@ class FailoverRateLimiter:
             except LimiterUnavailable as exc:
                 self.outage.failed(exc.__cause__ or exc)
             else:
-                self.outage.recovered()
+                if not decision.leased:  # a lease says nothing of the backend now
+                    self.outage.recovered()
                 return decision
         if self.policy is FailurePolicy.FAIL_CLOSED:
             raise LimiterUnavailable(self.backend)

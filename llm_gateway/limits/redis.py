@@ -16,17 +16,20 @@ from __future__ import annotations
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from llm_gateway.limits import Guard, LimitDecision, LimiterUnavailable, guarded
+from llm_gateway.limits import Granted, Guard, LimitDecision, LimiterUnavailable, guarded
 from llm_gateway.redis_scripts import RedisScripts, Script
 
 # Times are integer milliseconds: Lua numbers are doubles, and the arguments Redis
 # converts with "%.14g" would round microseconds since the epoch (16 digits).
-FIXED_WINDOW_SCRIPT = """
+# ARGV: limit, window seconds, cost (or a lease's amount), then the guard's limit and
+# window when KEYS[2] names a guard. The two scripts share how they find the window.
+_WINDOW = """
 local limit = tonumber(ARGV[1])
 local window_ms = tonumber(ARGV[2]) * 1000
 local cost = tonumber(ARGV[3])
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local start_ms = now_ms - (now_ms % window_ms)
 if KEYS[2] then
   -- The guard: looked at, never counted; full means refused (2) and nothing counted.
   local guard_window_ms = tonumber(ARGV[5]) * 1000
@@ -35,10 +38,9 @@ if KEYS[2] then
   local guard_stored = tonumber(guard[1])
   local guard_full = guard_stored and tonumber(guard[2]) >= tonumber(ARGV[4])
   if guard_full and guard_stored >= guard_start_ms then
-    return {2, 0, math.max(0, guard_stored + guard_window_ms - now_ms)}
+    return {2, 0, math.max(0, guard_stored + guard_window_ms - now_ms), start_ms}
   end
 end
-local start_ms = now_ms - (now_ms % window_ms)
 local state = redis.call('HMGET', KEYS[1], 'start', 'count')
 local count = 0
 local stored_start = tonumber(state[1])
@@ -48,6 +50,13 @@ if stored_start and stored_start >= start_ms then
   count = tonumber(state[2])
 end
 local reset_ms = math.max(0, start_ms + window_ms - now_ms)
+"""
+_COUNT = """
+redis.call('HSET', KEYS[1], 'start', string.format('%.0f', start_ms), 'count', count)
+-- Expiry only collects the key once its window is over; it decides nothing.
+redis.call('PEXPIRE', KEYS[1], string.format('%.0f', reset_ms + 1000))
+"""
+FIXED_WINDOW_SCRIPT = _WINDOW + """
 if count >= limit then
   return {0, count, reset_ms}
 end
@@ -56,13 +65,32 @@ if cost == 0 then
   return {1, count + 1, reset_ms}
 end
 count = count + cost
-redis.call('HSET', KEYS[1], 'start', string.format('%.0f', start_ms), 'count', count)
--- Expiry only collects the key once its window is over; it decides nothing.
-redis.call('PEXPIRE', KEYS[1], string.format('%.0f', reset_ms + 1000))
+""" + _COUNT + """
 return {1, count, reset_ms}
+"""
+# A lease (llm_gateway.leases): the amount counted at once if it fits under the limit
+# (limits.lease_in_window), else nothing. Replies granted, count, reset, window start.
+LEASE_SCRIPT = _WINDOW + """
+if count + cost > limit then
+  return {0, count, reset_ms, start_ms}
+end
+count = count + cost
+""" + _COUNT + """
+return {cost, count, reset_ms, start_ms}
+"""
+# ARGV: the amount, the window's start (ms) it was leased in: nothing back once it is over.
+GIVE_BACK_SCRIPT = """
+local state = redis.call('HMGET', KEYS[1], 'start', 'count')
+if tonumber(state[1]) == tonumber(ARGV[2]) then
+  redis.call('HSET', KEYS[1], 'count', math.max(0, tonumber(state[2]) - tonumber(ARGV[1])))
+end
+return 1
 """
 FIXED_WINDOW = Script(FIXED_WINDOW_SCRIPT)
 FIXED_WINDOW_SHA = FIXED_WINDOW.sha
+LEASE, GIVE_BACK = Script(LEASE_SCRIPT), Script(GIVE_BACK_SCRIPT)
+# No request waits on a lease given back: it may ride along with the next call.
+GIVE_BACK_GRACE_SECONDS = 0.05
 
 
 def window_key(key_id: str, limit: int, window_seconds: int, namespace: str = "llmg") -> str:
@@ -92,6 +120,32 @@ class RedisRateLimiter:
 
     async def take(self, key_id: str, limit: int, window_seconds: int,
                    cost: int = 1, guard: Guard | None = None) -> LimitDecision:
+        allowed, count, reset_ms = (await self._run(FIXED_WINDOW, key_id, limit,
+                                                    window_seconds, cost, guard))[:3]
+        # The script already measured the time to the window's end on the server.
+        if allowed == 2 and guard is not None:
+            return guarded(guard, int(reset_ms) / 1000)
+        return LimitDecision(bool(allowed), limit, max(0, limit - int(count)),
+                             int(reset_ms) / 1000)
+
+    async def lease(self, key_id: str, limit: int, window_seconds: int, amount: int,
+                    guard: Guard | None = None) -> Granted:
+        granted, count, reset_ms, start_ms = await self._run(
+            LEASE, key_id, limit, window_seconds, amount, guard)
+        return Granted(0 if granted == 2 else int(granted), int(count), int(reset_ms) / 1000,
+                       float(start_ms))
+
+    async def give_back(self, key_id: str, limit: int, window_seconds: int, amount: int,
+                        window: float) -> None:
+        try:
+            await self.scripts.run(
+                GIVE_BACK, [window_key(key_id, limit, window_seconds, self.namespace)],
+                [amount, f"{window:.0f}"], grace=GIVE_BACK_GRACE_SECONDS)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise LimiterUnavailable(self.backend, exc) from exc
+
+    async def _run(self, script: Script, key_id: str, limit: int, window_seconds: int,
+                   cost: int, guard: Guard | None) -> list[int]:
         keys = [window_key(key_id, limit, window_seconds, self.namespace)]
         args = [limit, window_seconds, cost]
         if guard is not None:
@@ -99,14 +153,9 @@ class RedisRateLimiter:
                                    self.namespace))
             args += [guard.limit, guard.window_seconds]
         try:
-            allowed, count, reset_ms = await self.scripts.run(FIXED_WINDOW, keys, args)
+            return await self.scripts.run(script, keys, args)  # type: ignore[no-any-return]
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise LimiterUnavailable(self.backend, exc) from exc
-        # The script already measured the time to the window's end on the server.
-        if allowed == 2 and guard is not None:
-            return guarded(guard, int(reset_ms) / 1000)
-        return LimitDecision(bool(allowed), limit, max(0, limit - int(count)),
-                             int(reset_ms) / 1000)
 
     async def ping(self) -> None:
         try:

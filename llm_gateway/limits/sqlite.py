@@ -26,12 +26,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from llm_gateway.limits import (
+    Granted,
     Guard,
     LimitDecision,
     LimiterUnavailable,
     bucket_name,
     count_in_window,
     guarded,
+    lease_in_window,
     window_start,
 )
 
@@ -115,6 +117,9 @@ class WorkersFile:
 # The key's window and its guard's, in one statement.
 _READ = "SELECT bucket, window_start, request_count FROM rate_limit_windows WHERE bucket IN (?, ?)"
 _STORE = "INSERT OR REPLACE INTO rate_limit_windows VALUES (?, ?, ?)"
+# A lease's unused room, back into the window it was counted in (none once that is over).
+_GIVE_BACK = """UPDATE rate_limit_windows SET request_count = max(0, request_count - ?)
+                WHERE bucket = ? AND window_start = ?"""
 
 
 class SqliteRateLimiter:
@@ -132,18 +137,11 @@ class SqliteRateLimiter:
         now = self._clock()
         bucket = bucket_name(key_id, limit, window_seconds)
         start = window_start(now, window_seconds)
-        guard_bucket = (bucket_name(guard.key_id, guard.limit, guard.window_seconds)
-                        if guard is not None else "")
+        db = self._acquire()
         try:
-            db = self._file.acquire()
-        except OSError as exc:
-            raise LimiterUnavailable(self.backend, exc) from exc
-        try:
-            windows = {row[0]: row[1:] for row in db.execute(_READ, (bucket, guard_bucket))}
-            if guard is not None:
-                guard_start = window_start(now, guard.window_seconds)
-                if _count(windows.get(guard_bucket), guard_start) >= guard.limit:
-                    return guarded(guard, guard_start + guard.window_seconds - now)
+            windows = self._read(db, bucket, guard)
+            if guard is not None and (full := _guard_full(windows, guard, now)) is not None:
+                return full
             before = _count(windows.get(bucket), start)
             count, decision = count_in_window(before, limit, cost, now, window_seconds)
             if count != before:
@@ -154,6 +152,50 @@ class SqliteRateLimiter:
         finally:
             self._file.release()
 
+    async def lease(self, key_id: str, limit: int, window_seconds: int, amount: int,
+                    guard: Guard | None = None) -> Granted:
+        now = self._clock()
+        bucket = bucket_name(key_id, limit, window_seconds)
+        start = window_start(now, window_seconds)
+        reset = start + window_seconds - now
+        db = self._acquire()
+        try:
+            windows = self._read(db, bucket, guard)
+            if guard is not None and _guard_full(windows, guard, now) is not None:
+                return Granted(0, 0, reset, start)
+            before = _count(windows.get(bucket), start)
+            granted = lease_in_window(before, limit, amount)
+            if granted:
+                db.execute(_STORE, (bucket, start, before + granted))
+            return Granted(granted, before + granted, reset, start)
+        except sqlite3.Error as exc:
+            raise LimiterUnavailable(self.backend, exc) from exc
+        finally:
+            self._file.release()
+
+    async def give_back(self, key_id: str, limit: int, window_seconds: int, amount: int,
+                        window: float) -> None:
+        db = self._acquire()
+        try:
+            db.execute(_GIVE_BACK, (amount, bucket_name(key_id, limit, window_seconds), window))
+        except sqlite3.Error as exc:
+            raise LimiterUnavailable(self.backend, exc) from exc
+        finally:
+            self._file.release()
+
+    def _acquire(self) -> sqlite3.Connection:
+        try:
+            return self._file.acquire()
+        except OSError as exc:
+            raise LimiterUnavailable(self.backend, exc) from exc
+
+    @staticmethod
+    def _read(db: sqlite3.Connection, bucket: str,
+              guard: Guard | None) -> dict[str, tuple[float, int]]:
+        guard_bucket = (bucket_name(guard.key_id, guard.limit, guard.window_seconds)
+                        if guard is not None else "")
+        return {row[0]: row[1:] for row in db.execute(_READ, (bucket, guard_bucket))}
+
     async def ping(self) -> None:
         try:
             with self._file.transaction() as db:
@@ -163,6 +205,16 @@ class SqliteRateLimiter:
 
     async def close(self) -> None:
         self._file.close()
+
+
+def _guard_full(windows: dict[str, tuple[float, int]], guard: Guard,
+                now: float) -> LimitDecision | None:
+    """The refusal when the guard's window is full (it is looked at, never counted)."""
+    guard_start = window_start(now, guard.window_seconds)
+    bucket = bucket_name(guard.key_id, guard.limit, guard.window_seconds)
+    if _count(windows.get(bucket), guard_start) >= guard.limit:
+        return guarded(guard, guard_start + guard.window_seconds - now)
+    return None
 
 
 def _count(window: tuple[float, int] | None, start: float) -> int:
