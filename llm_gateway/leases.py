@@ -108,6 +108,7 @@ class LeaseBook:
         self._seen: dict[str, int] = {}
         self._seen_since = clock()
         self._refused: dict[str, float] = {}
+        self.decisions = 0  # requests decided from a lease (for /metrics)
 
     def __len__(self) -> int:
         return len(self._live)
@@ -130,6 +131,7 @@ class LeaseBook:
         for lease, (_, amount) in zip(leases, wants, strict=True):
             lease.free -= amount
             lease.in_flight += amount
+        self.decisions += 1
         return tuple(leases)
 
     def count(self, lease: Lease, amount: int) -> None:

@@ -15,6 +15,7 @@ from opentelemetry.trace import TracerProvider
 
 from llm_gateway.auth import KEY_CACHE_SECONDS, Authenticator
 from llm_gateway.billing.ledger import Ledger, MemoryLedger
+from llm_gateway.billing.ledger_leased import LeasedLedger
 from llm_gateway.billing.metering import UsageWriter
 from llm_gateway.billing.prices import PriceBook, PriceError, prices_from_settings
 from llm_gateway.billing.quotas import BudgetBook, Quotas
@@ -107,6 +108,7 @@ def build_gateway(
                            for name, provider in router.table.providers.items()],
         spool=lambda: (usage.spooled, usage.replayed, usage.pending, usage.spool_failures),
         budgets=quotas.used_ratios,
+        leases=_lease_books(limiter, quotas),
     ))
     return Gateway(
         settings, store=store, limiter=limiter, auth=auth, relay=relay, router=router,
@@ -119,6 +121,16 @@ def _outages(auth: Authenticator, limiter: RateLimiter, quotas: Quotas) -> list[
     """The shared backends whose outages /metrics shows (in process, nothing can be down)."""
     found = [auth.outage] + ([limiter.outage] if limiter.outage is not None else [])
     return found + ([quotas.outage] if quotas.ledger.backend != "memory" else [])
+
+
+def _lease_books(limiter: RateLimiter,
+                 quotas: Quotas) -> Callable[[], list[tuple[str, str, int, int]]]:
+    """What /metrics says of the leases of the shared limiter and ledger (when leased)."""
+    books = [(component, leased.backend, leased.book) for component, leased in (
+        ("rate_limiter", getattr(limiter, "shared", None)), ("budget_ledger", quotas.ledger))
+        if isinstance(leased, LeasedRateLimiter | LeasedLedger)]
+    return lambda: [(component, backend, len(book), book.decisions)
+                    for component, backend, book in books]
 
 
 _FAILURE_KINDS = {Outcome.CONNECT: "connect", Outcome.TIMEOUT: "timeout",
@@ -206,8 +218,6 @@ def open_ledger(settings: Settings, store: Store, redis: RedisScripts | None = N
         return MemoryLedger()
     if not settings.limit_lease_seconds:
         return shared
-    from llm_gateway.billing.ledger_leased import LeasedLedger
-
     return LeasedLedger(shared, settings.limit_lease_seconds)
 
 

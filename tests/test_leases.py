@@ -28,7 +28,7 @@ from llm_gateway.billing.ledger_leased import LeasedLedger
 from llm_gateway.billing.ledger_postgres import PostgresLedger
 from llm_gateway.billing.ledger_redis import RedisLedger
 from llm_gateway.billing.model import BudgetScope
-from llm_gateway.billing.quotas import UNITS_PER_USD
+from llm_gateway.billing.quotas import usd_units
 from llm_gateway.leases import FIRST, FLOOR, LEASE_AFTER, SHARE, LeaseBook, lease_size
 from llm_gateway.limits import Granted, Guard, LimitDecision, MemoryRateLimiter
 from llm_gateway.limits.leased import LeasedRateLimiter
@@ -501,15 +501,22 @@ def test_serve_on_leases_asks_redis_for_few_requests_and_books_every_one(
                     "messages": [{"role": "user", "content": "Hello"}]})
                 assert answer.status_code == 200, answer.text
             during = redis_calls(client, "evalsha") - before
+            metrics = http.get("/metrics").text
+        for component in ("rate_limiter", "budget_ledger"):
+            decided = next(
+                float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                if line.startswith("llm_gateway_lease_decisions_total{")
+                and f'component="{component}"' in line and 'backend="redis"' in line)
+            assert decided > requests * 0.8, (component, decided)
         # Stopped: every lease booked. The window counted each request once; the day's
         # budget holds what the usage records cost, and nothing reserved.
         window = client.hgetall(window_key(record.id, 10**6, 3600, "leases"))
         assert int(window[b"count"]) == requests
-        cost = sum(r.cost_usd or 0 for r in usage_records(settings.database_url))
-        assert cost > 0
+        records = usage_records(settings.database_url)
+        assert len(records) == requests and all(r.cost_usd for r in records)
         day = next(name for name in client.scan_iter("leases:{budgets}:usd:*:d*"))
         counter = client.hgetall(day)
-        assert int(counter[b"spent"]) == int(cost * UNITS_PER_USD)
+        assert int(counter[b"spent"]) == sum(usd_units(r.cost_usd or 0) for r in records)
         assert int(counter.get(b"reserved", 0)) == 0
         # Two scripts a request without leases; with them, a few for the first requests
         # and about two for each lease.

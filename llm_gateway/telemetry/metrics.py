@@ -138,11 +138,13 @@ class StateCollector:
     def __init__(self, *, target_states: Callable[[], Mapping[str, str]],
                  bulkheads: Callable[[], Iterable[tuple[str, int, int]]],
                  spool: Callable[[], tuple[int, int, int, int]],
-                 budgets: Callable[[], Iterable[tuple[str, str, str, float]]]) -> None:
+                 budgets: Callable[[], Iterable[tuple[str, str, str, float]]],
+                 leases: Callable[[], Iterable[tuple[str, str, int, int]]] = tuple) -> None:
         self._target_states = target_states
         self._bulkheads = bulkheads
         self._spool = spool
         self._budgets = budgets
+        self._leases = leases  # (component, backend, live leases, decisions from them)
 
     def describe(self) -> list[Metric]:
         return []
@@ -170,6 +172,16 @@ class StateCollector:
         for scope, owner, window, ratio in self._budgets():
             budgets.add_metric([scope, owner, window], ratio)
         yield budgets
+        live = GaugeMetricFamily("llm_gateway_leases",
+                                 "Leases this process holds on shared limits now",
+                                 labels=["component", "backend"])
+        decided = CounterMetricFamily("llm_gateway_lease_decisions",
+                                      "Requests decided from a lease, without the backend",
+                                      labels=["component", "backend"])
+        for component, backend, leases, decisions in self._leases():
+            live.add_metric([component, backend], float(leases))
+            decided.add_metric([component, backend], float(decisions))
+        yield from (live, decided)
 
     def _spool_metrics(self) -> Iterator[Metric]:
         spooled, replayed, pending, failures = self._spool()
