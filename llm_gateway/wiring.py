@@ -102,14 +102,7 @@ def build_gateway(
     )
     usage = UsageWriter(store, Spool(settings.spool_dir()),
                         retention_days=settings.usage_retention_days)
-    telemetry.watch(StateCollector(
-        target_states=lambda: {k: v.value for k, v in router.states().items()},
-        bulkheads=lambda: [(name, router.bulkhead.in_flight(name), provider.max_concurrency)
-                           for name, provider in router.table.providers.items()],
-        spool=lambda: (usage.spooled, usage.replayed, usage.pending, usage.spool_failures),
-        budgets=quotas.used_ratios,
-        leases=_lease_books(limiter, quotas),
-    ))
+    telemetry.watch(_state_collector(router, usage, limiter, quotas))
     return Gateway(
         settings, store=store, limiter=limiter, auth=auth, relay=relay, router=router,
         routes=route_source, shared_health=shared_health, quotas=quotas,
@@ -123,14 +116,21 @@ def _outages(auth: Authenticator, limiter: RateLimiter, quotas: Quotas) -> list[
     return found + ([quotas.outage] if quotas.ledger.backend != "memory" else [])
 
 
-def _lease_books(limiter: RateLimiter,
-                 quotas: Quotas) -> Callable[[], list[tuple[str, str, int, int]]]:
-    """What /metrics says of the leases of the shared limiter and ledger (when leased)."""
-    books = [(component, leased.backend, leased.book) for component, leased in (
+def _state_collector(router: Router, usage: UsageWriter, limiter: RateLimiter,
+                     quotas: Quotas) -> StateCollector:
+    """What /metrics reads at scrape time: health, bulkheads, the spool, budgets, leases."""
+    leased = [(component, part.backend, part.book) for component, part in (
         ("rate_limiter", getattr(limiter, "shared", None)), ("budget_ledger", quotas.ledger))
-        if isinstance(leased, LeasedRateLimiter | LeasedLedger)]
-    return lambda: [(component, backend, len(book), book.decisions)
-                    for component, backend, book in books]
+        if isinstance(part, LeasedRateLimiter | LeasedLedger)]
+    return StateCollector(
+        target_states=lambda: {k: v.value for k, v in router.states().items()},
+        bulkheads=lambda: [(name, router.bulkhead.in_flight(name), provider.max_concurrency)
+                           for name, provider in router.table.providers.items()],
+        spool=lambda: (usage.spooled, usage.replayed, usage.pending, usage.spool_failures),
+        budgets=quotas.used_ratios,
+        leases=lambda: [(component, backend, len(book), book.decisions)
+                        for component, backend, book in leased],
+    )
 
 
 _FAILURE_KINDS = {Outcome.CONNECT: "connect", Outcome.TIMEOUT: "timeout",
