@@ -60,6 +60,7 @@ from bench.targets import (
     free_port,
     start_process,
     start_serve,
+    start_serve_budget,
     start_serve_redis,
     start_target,
 )
@@ -461,18 +462,24 @@ def _added_gaps(results: dict[str, Any]) -> None:
 
 # ---- budget: serve-budget against serve, request by request ---------------------------------
 
+UNLEASED = "serve-budget-unleased"  # serve-budget with LIMIT_LEASE_SECONDS=0
+
 
 def budget(context: Context) -> dict[str, Any]:
-    """Concurrency-1 latency of serve, serve-redis and serve-budget, one request to each in
-    turn (the order alternating), each on its own keep-alive connection: the difference of
-    the medians is what the budget path adds, with the machine's drift in every leg alike.
-    The goal reads serve-budget over serve; serve-redis (the rate limit in Redis, no budget)
-    splits that into what the Redis round trip costs and what the budget adds to it."""
+    """Concurrency-1 latency of serve, serve-redis, serve-budget and serve-budget without
+    leases, one request to each in turn (the order alternating), each on its own keep-alive
+    connection: the difference of the medians is what the budget path adds, with the
+    machine's drift in every leg alike. The goal reads serve-budget over serve; serve-redis
+    (the rate limit in Redis, no budget) splits that into what the shared rate limit costs
+    and what the budget adds to it; the leg without leases (``LIMIT_LEASE_SECONDS=0``) is
+    what every request asking Redis would cost."""
     environment = context.environment
     pairs = context.plan.budget_pairs
     with started(lambda: start_serve(environment, routed=True),
                  lambda: start_serve_redis(environment),
                  lambda: start_target("serve-budget", environment, context.litellm_venv),
+                 lambda: start_serve_budget(environment, name=UNLEASED,
+                                            extra_env={"LIMIT_LEASE_SECONDS": "0"}),
                  ) as legs:
         clients = {target.name: KeepAlive(target) for target in legs}
         for _ in range(200):  # warm: connections, caches, the Redis scripts loaded
@@ -500,8 +507,10 @@ def budget(context: Context) -> dict[str, Any]:
     figures["added_ms"] = over("serve-budget", "serve")
     figures["redis_limiter_ms"] = over("serve-redis", "serve")
     figures["budget_over_redis_ms"] = over("serve-budget", "serve-redis")
+    figures["unleased_ms"] = over(UNLEASED, "serve")
     say(f"  serve-budget over serve at c=1: p50 +{figures['added_ms']['p50']} ms, of which "
-        f"the Redis rate limit alone +{figures['redis_limiter_ms']['p50']} ms ({pairs} rounds)")
+        f"the Redis rate limit alone +{figures['redis_limiter_ms']['p50']} ms; without "
+        f"leases +{figures['unleased_ms']['p50']} ms ({pairs} rounds)")
     return figures
 
 

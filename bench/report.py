@@ -260,23 +260,27 @@ def _budget_phase_section(phase: Mapping[str, Any]) -> Section:
     title = "Budget phase: serve-budget against serve, request by request at c=1"
     if (note := _status_note(phase)) is not None:
         return Section(title, notes=[note])
-    legs = ("serve", "serve-redis", "serve-budget")
+    legs = ("serve", "serve-redis", "serve-budget", "serve-budget-unleased")
     rows = []
     for p in ("p50", "p90", "p99"):
         row = [p, *(_num((phase.get(name) or {}).get("latency_ms", {}).get(p), 3)
                     for name in legs)]
-        for difference in ("redis_limiter_ms", "budget_over_redis_ms", "added_ms"):
+        for difference in ("redis_limiter_ms", "budget_over_redis_ms", "added_ms",
+                           "unleased_ms"):
             row.append(_num((phase.get(difference) or {}).get(p), 3))
         rows.append(row)
     cpu = [_num((phase.get(name) or {}).get("cpu_per_request_us"), 0) for name in legs]
     return Section(title, ("percentile", "serve ms", "serve-redis ms", "serve-budget ms",
-                           "Redis limit +ms", "budget +ms", "difference ms"), rows,
+                           "no leases ms", "Redis limit +ms", "budget +ms", "difference ms",
+                           "no leases +ms"), rows,
                    [f"{phase.get('pairs')} rounds of one request to each, the order "
                     f"alternating; CPU per request at c=1: serve {cpu[0]} us, serve-redis "
-                    f"{cpu[1]} us, serve-budget {cpu[2]} us. serve-redis has its rate limit "
-                    "in Redis and no budget: 'Redis limit' is what the round trip costs, "
-                    "'budget' what the budget adds to it. The issue 11 goal reads the "
-                    "difference, serve-budget over serve."])
+                    f"{cpu[1]} us, serve-budget {cpu[2]} us, without leases {cpu[3]} us. "
+                    "serve-redis has its rate limit in Redis and no budget: 'Redis limit' is "
+                    "what the shared rate limit costs, 'budget' what the budget adds to it. "
+                    "The issue 11 goal reads the difference, serve-budget over serve; 'no "
+                    "leases' is serve-budget with LIMIT_LEASE_SECONDS=0, every request asking "
+                    "Redis."])
 
 
 def _observability_section(phase: Mapping[str, Any]) -> Section:

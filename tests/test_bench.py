@@ -98,7 +98,10 @@ def test_quick_run_prints_the_table_and_writes_json_png_and_markdown(tmp_path):
         for p in ("p50", "p90", "p99"):
             assert paired["added_ms"][p] == pytest.approx(
                 paired["redis_limiter_ms"][p] + paired["budget_over_redis_ms"][p], abs=0.002)
-        assert "serve-redis ms" in table
+        # ... and the same budget without leases, every request asking Redis.
+        assert paired["serve-budget-unleased"]["cpu_per_request_us"] > 0
+        assert set(paired["unleased_ms"]) == {"p50", "p90", "p99"}
+        assert "serve-redis ms" in table and "no leases +ms" in table
         assert "Budget phase" in table
         measured = goals["serve-budget: added c=1 p50 over serve's"]["measured"]
         assert measured == pytest.approx(paired["added_ms"]["p50"], abs=0.01)
