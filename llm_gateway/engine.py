@@ -189,8 +189,7 @@ class Gateway:
         table = self.router.table
         states = self.router.states()
         return {
-            "version": table.version,
-            "refused": self.routes.last_error,
+            "version": table.version, "refused": self.routes.last_error,
             "default_provider": table.default_provider,
             "unknown_models": table.unknown_models,
             "providers": {
@@ -215,8 +214,7 @@ class Gateway:
 
     async def readiness(self) -> Readiness:
         """Ask each backend now; the failure policies say what an outage means."""
-        return await probe(self.store, self.auth.outage, self.limiter, self.quotas,
-                           self.router)
+        return await probe(self.store, self.auth.outage, self.limiter, self.quotas, self.router)
 
     async def _touch_loop(self) -> None:
         """Housekeeping off the request path: last-use times out, prices in."""
@@ -263,17 +261,14 @@ class Gateway:
         self.telemetry.finished(record, exchange)
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
-        """Off the request path; a failure is logged, never raised into a request."""
-        task = asyncio.ensure_future(work)
+        """Off the request path; a failure is logged, never raised into a request. Started
+        at once: a settlement from a lease is done before any wait, no task scheduled."""
+        task = asyncio.Task(work, loop=asyncio.get_running_loop(), eager_start=True)
+        if task.done():
+            return _settled(task)
         self._tasks.add(task)
-
-        def done(finished: asyncio.Task[None]) -> None:
-            self._tasks.discard(finished)
-            if not finished.cancelled() and finished.exception() is not None:
-                log.warning("settling a budget failed: %s",
-                            type(finished.exception()).__name__)
-
-        task.add_done_callback(done)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_settled)
 
     def _finished(self, record: UsageRecord, exchange: Exchange) -> None:
         for sink in self._sinks:
@@ -474,6 +469,11 @@ class Gateway:
         if self.settings.egress_policy is not EgressPolicy.DENY:
             return None
         return errors.egress_denied(host, port)
+
+
+def _settled(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("settling a budget failed: %s", type(task.exception()).__name__)
 
 
 async def _ended_on_failure(exchange: Exchange,

@@ -29,8 +29,16 @@ from llm_gateway.billing.ledger_postgres import PostgresLedger
 from llm_gateway.billing.ledger_redis import RedisLedger
 from llm_gateway.billing.model import BudgetScope
 from llm_gateway.billing.quotas import usd_units
+from llm_gateway.config import FailurePolicy
 from llm_gateway.leases import FIRST, FLOOR, LEASE_AFTER, SHARE, LeaseBook, lease_size
-from llm_gateway.limits import Granted, Guard, LimitDecision, MemoryRateLimiter
+from llm_gateway.limits import (
+    Granted,
+    Guard,
+    LimitDecision,
+    LimiterUnavailable,
+    MemoryRateLimiter,
+)
+from llm_gateway.limits.failover import FailoverRateLimiter
 from llm_gateway.limits.leased import LeasedRateLimiter
 from llm_gateway.limits.postgres import PostgresRateLimiter
 from llm_gateway.limits.redis import RedisRateLimiter, window_key
@@ -228,6 +236,16 @@ async def test_at_the_limit_replicas_on_leases_admit_it_and_no_more() -> None:
     assert admitted + more == limit
 
 
+async def test_a_look_at_a_leased_window_is_answered_from_the_lease() -> None:
+    store = CountingLimiter(MemoryRateLimiter())
+    limiter = LeasedRateLimiter(store, 1.0)  # type: ignore[arg-type]
+    await drive([limiter], "tokens:provider", 10**9, 60, 100)
+    asked = store.takes
+    look = await limiter.take("tokens:provider", 10**9, 60, cost=0)
+    assert look.allowed and look.leased and store.takes == asked  # no call to the store
+    await limiter.close()
+
+
 async def test_counting_a_failure_ends_the_leases_of_the_key_it_guards() -> None:
     store = MemoryRateLimiter()
     limiter = LeasedRateLimiter(CountingLimiter(store), 1.0)  # type: ignore[arg-type]
@@ -240,6 +258,46 @@ async def test_counting_a_failure_ends_the_leases_of_the_key_it_guards() -> None
     decision = await limiter.take("key", 10**6, 60, guard=guard)
     assert decision.guarded and not decision.leased  # the store's answer, the guard seen
     await limiter.close()
+
+
+class FlakyLimiter(CountingLimiter):
+    """A backend that stops answering when told to."""
+
+    down = False
+
+    async def take(self, *args: Any, **kwargs: Any) -> LimitDecision:
+        if self.down:
+            raise LimiterUnavailable("redis", ConnectionError("gone"))
+        return await super().take(*args, **kwargs)
+
+    async def lease(self, *args: Any, **kwargs: Any) -> Granted:
+        if self.down:
+            raise LimiterUnavailable("redis", ConnectionError("gone"))
+        return await super().lease(*args, **kwargs)
+
+    async def give_back(self, *args: Any, **kwargs: Any) -> None:
+        if self.down:
+            raise LimiterUnavailable("redis", ConnectionError("gone"))
+        await super().give_back(*args, **kwargs)
+
+
+async def test_a_backend_going_away_leaves_leases_to_end_and_the_policy_to_answer() -> None:
+    monotonic = Clock(10.0)
+    backend = FlakyLimiter(MemoryRateLimiter())
+    leased = LeasedRateLimiter(backend, 1.0, clock=monotonic)  # type: ignore[arg-type]
+    limiter = FailoverRateLimiter(leased, FailurePolicy.FAIL_CLOSED, clock=monotonic)
+    await drive([leased], "key", 10**6, 3600, 100)
+    assert len(leased.book) == 1
+    backend.down = True
+    # Room the backend granted is still room: the lease answers, and says nothing of the
+    # backend (fail-closed does not refuse what was granted, nor calls it back up).
+    decision = await limiter.take("key", 10**6, 3600)
+    assert decision.allowed and decision.leased and not limiter.outage.is_down
+    monotonic.now += 1.0  # the lease is over; the next request is the backend's
+    with pytest.raises(LimiterUnavailable):
+        await limiter.take("key", 10**6, 3600)
+    assert limiter.outage.is_down
+    await leased.close()  # its lease given back to nobody: logged, not raised
 
 
 async def test_a_lease_ends_with_its_window() -> None:

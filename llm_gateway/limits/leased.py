@@ -52,7 +52,11 @@ class LeasedRateLimiter:
 
     async def take(self, key_id: str, limit: int, window_seconds: int,
                    cost: int = 1, guard: Guard | None = None) -> LimitDecision:
-        if cost <= 0:  # a look: the backend's count is the one to look at
+        if cost <= 0:  # a look: room held here is room in the window; else the backend's
+            name = bucket_name(key_id, limit, window_seconds)
+            lease = self.book.live(name) if guard is None else None
+            if lease is not None and lease.free > 0 and lease.ends > self._clock():
+                return self._decided(lease, limit)
             return await self.shared.take(key_id, limit, window_seconds, cost, guard)
         if (guarded := self._guards.get(key_id)) is not None:
             # A failure counted against a guard: what it guards is decided by the backend.
@@ -73,12 +77,15 @@ class LeasedRateLimiter:
             self.book.count(lease, cost)
             if size := self.book.renewal(lease, cost):
                 self._lease(lease.tag.key_id, limit, window_seconds, guard, name, size)
-            return LimitDecision(True, limit, lease.remaining,
-                                 max(0.0, lease.tag.end - self._clock()), leased=True)
+            return self._decided(lease, limit)
         decision = await self.shared.take(key_id, limit, window_seconds, cost, guard)
         if decision.allowed and (size := self.book.wanted(name, cost, decision.remaining)):
             self._lease(key_id, limit, window_seconds, guard, name, size)
         return decision
+
+    def _decided(self, lease: Lease, limit: int) -> LimitDecision:
+        return LimitDecision(True, limit, lease.remaining,
+                             max(0.0, lease.tag.end - self._clock()), leased=True)
 
     def _lease(self, key_id: str, limit: int, window_seconds: int, guard: Guard | None,
                name: str, size: int) -> None:
