@@ -48,7 +48,13 @@ from llm_gateway.stores.postgres import PostgresStore
 from llm_gateway.wiring import build_gateway
 from tests.billing_support import set_budget, set_price
 from tests.conftest import make_settings
-from tests.support import create_key, private_redis, serve_in_thread, usage_records
+from tests.support import (
+    create_key,
+    gateway_processes,
+    private_redis,
+    serve_in_thread,
+    usage_records,
+)
 
 
 class Clock:
@@ -580,3 +586,62 @@ def test_serve_on_leases_asks_redis_for_few_requests_and_books_every_one(
         # and about two for each lease.
         print(f"{during} script calls to Redis for {requests} requests")
         assert during < requests / 4, during
+
+
+def test_four_replicas_on_leases_book_every_request_and_every_cent(
+    tmp_path: Path, fake_url: str, postgres_url: str, redis_url: str,
+) -> None:
+    """Four `serve` processes sharing Postgres and Redis, a busy key with a rate limit of
+    3 000 and a daily budget: 4 000 requests at once over them admit no more than the limit;
+    stopped, Redis holds exactly what was admitted and spent; the rest of the limit is
+    there to the request."""
+    limit, window = 3000, 3600
+    set_price(postgres_url, "venice", "llama-3.3-70b", "0.70", "2.80")
+    record, key = create_key(postgres_url, rate_limit_requests=limit,
+                             rate_limit_window_seconds=window)
+    set_budget(postgres_url, BudgetScope.KEY, record.id, daily_usd=Decimal("1000"))
+    namespace = f"leases-{time.monotonic_ns()}"
+    env = {"DATABASE_URL": postgres_url, "REDIS_URL": redis_url, "REDIS_NAMESPACE": namespace,
+           "VENICE_API_KEY": "sk-fake-upstream", "VENICE_BASE_URL": fake_url,
+           "ADMIN_BIND_ADDR": "off", "ACCESS_LOG": "off",
+           "USAGE_SPOOL_DIR": str(tmp_path / "spool")}
+    body = {"model": "llama-3.3-70b", "max_tokens": 64,
+            "messages": [{"role": "user", "content": "Hello"}]}
+
+    async def burst(urls: list[str], count: int) -> list[int]:
+        limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
+        async with httpx.AsyncClient(limits=limits, timeout=60) as client:
+            gate = asyncio.Semaphore(32)
+
+            async def one(index: int) -> int:
+                async with gate:
+                    answer = await client.post(
+                        urls[index % len(urls)] + "/v1/chat/completions", json=body,
+                        headers={"authorization": f"Bearer {key}"})
+                    return answer.status_code
+
+            return await asyncio.gather(*(one(i) for i in range(count)))
+
+    decided = 0.0
+    with gateway_processes(env, 4) as replicas:
+        statuses = asyncio.run(burst([r.url for r in replicas], 4000))
+        for replica in replicas:
+            decided += sum(float(line.rsplit(" ", 1)[1])
+                           for line in httpx.get(replica.url + "/metrics").text.splitlines()
+                           if line.startswith("llm_gateway_lease_decisions_total{"))
+    admitted = statuses.count(200)
+    print(f"4 replicas: {admitted} of 4000 admitted against {limit}, {decided:.0f} from leases")
+    assert set(statuses) <= {200, 429} and admitted <= limit
+    assert decided > 1000  # leases did most of the deciding
+    client = redis.Redis.from_url(redis_url)
+    counted = client.hget(window_key(record.id, limit, window, namespace), "count")
+    assert int(counted or 0) == admitted  # every lease given back, every request counted
+    records = [r for r in usage_records(postgres_url) if r.status == 200]
+    assert len(records) == admitted
+    day = next(iter(client.scan_iter(f"{namespace}:{{budgets}}:usd:key:*")))
+    counter = client.hgetall(day)
+    assert int(counter[b"spent"]) == sum(usd_units(r.cost_usd or 0) for r in records)
+    assert int(counter.get(b"reserved", 0)) == 0
+    with gateway_processes(env, 1) as replicas:
+        more = asyncio.run(burst([replicas[0].url], limit - admitted + 50))
+    assert more.count(200) == limit - admitted  # the rest of the limit, and no more
