@@ -21,6 +21,8 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llm_gateway.adapters.asgi import create_app
 from llm_gateway.billing.ledger import Draw, Hold, Ledger, LedgerAnswer, MemoryLedger
@@ -37,6 +39,8 @@ from llm_gateway.limits import (
     LimitDecision,
     LimiterUnavailable,
     MemoryRateLimiter,
+    bucket_name,
+    window_start,
 )
 from llm_gateway.limits.failover import FailoverRateLimiter
 from llm_gateway.limits.leased import LeasedRateLimiter
@@ -187,8 +191,9 @@ class CountingLimiter:
 
 
 async def window_count(store: MemoryRateLimiter, key: str, limit: int, window: int) -> int:
-    """What the shared window counted (a look at it, which counts nothing)."""
-    return limit - (await store.take(key, limit, window, cost=0)).remaining
+    """What the shared window counts now (its own state: a look answers "room or not")."""
+    start, count = store._counter._windows.get(bucket_name(key, limit, window), (0.0, 0))
+    return count if start == window_start(store._clock(), window) else 0
 
 
 async def drive(limiters: list[LeasedRateLimiter], key: str, limit: int, window: int,
@@ -645,3 +650,136 @@ def test_four_replicas_on_leases_book_every_request_and_every_cent(
     with gateway_processes(env, 1) as replicas:
         more = asyncio.run(burst([replicas[0].url], limit - admitted + 50))
     assert more.count(200) == limit - admitted  # the rest of the limit, and no more
+
+
+# ---- any order of events -----------------------------------------------------------------
+
+# An event for one of three replicas: a request reserving (amount in tens of units) and
+# maybe settling at once (spent as a share of it: up to 150 %: an estimate can be short),
+# a burst of such requests,
+# a request under way settling, time passing (in hundredths of a lease period: some leases
+# end, most are used), the tick.
+_RESERVE = st.tuples(st.just("reserve"), st.integers(0, 2), st.integers(1, 40),
+                    st.none() | st.integers(0, 150))
+EVENTS = st.lists(st.one_of(
+    _RESERVE, _RESERVE, _RESERVE,
+    # a busy spell on one replica: enough requests in a period to be leased
+    st.tuples(st.just("burst"), st.integers(0, 2), st.integers(8, 40), st.integers(1, 40),
+              st.integers(0, 150)),
+    st.tuples(st.just("settle"), st.integers(0, 2), st.integers(0, 50), st.integers(0, 150)),
+    st.tuples(st.just("time"), st.integers(1, 60)),
+    st.tuples(st.just("tick"), st.integers(0, 2)),
+), min_size=30, max_size=200)
+
+
+LEASED: list[int] = []  # per example, the requests reserved from leases (to look at)
+
+
+@settings(max_examples=150, deadline=None)
+@given(events=EVENTS, limit_units=st.integers(2000, 100_000) | st.integers(10**6, 10**8))
+def test_whatever_happens_a_budget_on_leases_is_never_passed_and_books_every_unit(
+    events: list[tuple[Any, ...]], limit_units: int,
+) -> None:
+    """Three replicas' leased ledgers over one counter and one bucket, fed any order of
+    reservations, settlements (some spending more than reserved), time and ticks: what the
+    store holds never passes the limit by more than what was spent past reservations, and
+    once every request is settled and every ledger closed, the store holds exactly what
+    was spent."""
+
+    async def run() -> None:
+        wall, monotonic = Clock(time.time()), Clock(100.0)
+        store = MemoryLedger(clock=wall)
+        ledgers = [LeasedLedger(store, 1.0, clock=monotonic) for _ in range(3)]
+        under_way: list[tuple[LeasedLedger, Hold, Draw, object]] = []
+        spent = used = over = 0
+
+        def settle_args(hold: Hold, draw: Draw, share: int) -> tuple[int, int]:
+            return hold.amount * share // 100, draw.amount * share // 100
+
+        expanded = []
+        for event in events:
+            if event[0] == "burst":
+                _, which, count, tens, share = event
+                expanded += [("reserve", which, tens, share)] * count
+            else:
+                expanded.append(event)
+        for event in expanded:
+            if event[0] == "reserve":
+                _, which, tens, share = event
+                hold = Hold("usd:key:k:d1", limit_units, tens * 10, wall.now + 86400)
+                draw = Draw("tpm:key:k", 10**12, tens * 10)
+                answer = await ledgers[which].reserve([hold], [draw])
+                if not answer.granted:
+                    continue
+                if share is None:
+                    under_way.append((ledgers[which], hold, draw, answer.ticket))
+                    continue
+                cost, tokens = settle_args(hold, draw, share)
+                spent, used, over = spent + cost, used + tokens, over + max(0, cost - hold.amount)
+                await ledgers[which].settle([hold], [cost], [draw], [tokens], answer.ticket)
+            elif event[0] == "settle" and under_way:
+                _, _, index, share = event
+                ledger, hold, draw, ticket = under_way.pop(index % len(under_way))
+                cost, tokens = settle_args(hold, draw, share)
+                spent, used, over = spent + cost, used + tokens, over + max(0, cost - hold.amount)
+                await ledger.settle([hold], [cost], [draw], [tokens], ticket)
+            elif event[0] == "time":
+                monotonic.now += event[1] / 100
+            elif event[0] == "tick":
+                ledger = ledgers[event[1]]
+                await ledger._book(ledger.book.ended())  # what the keeper's tick does
+            booked, reserved = store.counter("usd:key:k:d1")
+            assert booked + reserved <= limit_units + over
+            await asyncio.sleep(0)  # the leases' own calls
+        for ledger, hold, draw, ticket in under_way:
+            await ledger.settle([hold], [hold.amount], [draw], [draw.amount], ticket)
+            spent += hold.amount
+            used += draw.amount
+        LEASED.append(sum(ledger.book.decisions for ledger in ledgers))
+        for ledger in ledgers:
+            await ledger.close()
+        assert store.counter("usd:key:k:d1") == (spent, 0)
+        level = store.bucket("tpm:key:k")
+        assert level is None or level[0] == 10**12 - used
+
+    asyncio.run(run())
+
+
+TAKES = st.lists(st.one_of(
+    st.tuples(st.just("take"), st.integers(0, 2), st.integers(1, 60)),  # a burst of requests
+    st.tuples(st.just("time"), st.integers(1, 60)),  # hundredths of a lease period
+    st.tuples(st.just("tick"), st.integers(0, 2)),
+), min_size=5, max_size=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(events=TAKES, limit=st.integers(1, 3000) | st.integers(5000, 10**6))
+def test_whatever_happens_a_rate_limit_on_leases_counts_each_request_once(
+    events: list[tuple[Any, ...]], limit: int,
+) -> None:
+    """Three replicas' leased limiters over one window, fed requests, time and ticks: the
+    window never counts past the limit; closed, it counts exactly what was admitted."""
+
+    async def run() -> None:
+        monotonic = Clock(100.0)
+        store = MemoryRateLimiter(clock=Clock(3600 * 500))  # a window just begun
+        limiters = [LeasedRateLimiter(store, 1.0, clock=monotonic)  # type: ignore[arg-type]
+                    for _ in range(3)]
+        admitted = 0
+        for event in events:
+            if event[0] == "take":
+                for _ in range(event[2]):
+                    admitted += (await limiters[event[1]].take("key", limit, 3600)).allowed
+            elif event[0] == "time":
+                monotonic.now += event[1] / 100
+            else:
+                limiter = limiters[event[1]]
+                await limiter._give_back(limiter.book.ended())  # what the keeper's tick does
+            await asyncio.sleep(0)
+            assert await window_count(store, "key", limit, 3600) <= limit
+        for limiter in limiters:
+            await limiter.close()
+        assert admitted <= limit
+        assert await window_count(store, "key", limit, 3600) == admitted
+
+    asyncio.run(run())
