@@ -485,6 +485,21 @@ async def test_the_bucket_gets_back_what_leases_did_not_use() -> None:
     assert level is not None and level[0] == tpm.capacity - used_total
 
 
+async def test_a_budget_lowered_while_leased_is_the_stores_to_decide_at_once() -> None:
+    store = MemoryLedger()
+    ledger = LeasedLedger(store, 1.0)
+    day = Hold("usd:key:k:d1", 10**9, 1000, time.time() + 3600)
+    for _ in range(40):
+        answer = await ledger.reserve([day], [])
+        await ledger.settle([day], [1000], [], [], answer.ticket)
+        await asyncio.sleep(0)
+    assert len(ledger.book) == 1  # leased
+    lowered = Hold(day.name, 20_000, 1000, day.expires_at)  # less than is spent already
+    answer = await ledger.reserve([lowered], [])
+    assert not answer.granted and answer.ticket is None
+    await ledger.close()
+
+
 async def test_a_budget_near_its_end_is_reserved_request_by_request() -> None:
     store = CountingLedger(MemoryLedger())
     ledger = LeasedLedger(store, 1.0)  # type: ignore[arg-type]

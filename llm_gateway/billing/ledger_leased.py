@@ -37,20 +37,20 @@ class LeasedLedger:
         if not holds and not draws:  # a probe (/readyz): the backend's answer
             return await self.shared.reserve(holds, draws)
         limits: list[Hold | Draw] = [*holds, *draws]
-        wants = [(limit.name, limit.amount) for limit in limits]
+        wants = [(_lease_name(limit), limit.amount) for limit in limits]
         leases = self.book.take(wants)
         if leases is not None:
             for lease, limit in zip(leases, limits, strict=True):
                 if size := self.book.renewal(lease, limit.amount):
                     self._keeper.spawn(self._ask(limit, size))
-            left = {lease.name: lease.remaining + limit.amount
+            left = {limit.name: lease.remaining + limit.amount
                     for lease, limit in zip(leases, limits, strict=True)}
             return LedgerAnswer(True, None, left, ticket=leases)
         answer = await self.shared.reserve(holds, draws)
         if answer.granted and answer.left:
-            for limit in limits:
+            for limit, (name, _) in zip(limits, wants, strict=True):
                 left = answer.left.get(limit.name, 0) - limit.amount
-                if size := self.book.wanted(limit.name, limit.amount, left):
+                if size := self.book.wanted(name, limit.amount, left):
                     self._keeper.spawn(self._ask(limit, size))
         return answer
 
@@ -84,13 +84,13 @@ class LeasedLedger:
                 answer = await self.shared.reserve([], [lease_of])
         except Exception as exc:  # the backend's trouble shows on the requests it decides
             log.debug("a lease on %s was not granted: %s", self.backend, type(exc).__name__)
-            self.book.refused(limit.name)
+            self.book.refused(_lease_name(limit))
             return
         if not answer.granted:
-            self.book.refused(limit.name)
+            self.book.refused(_lease_name(limit))
             return
         left = (answer.left or {}).get(limit.name, size) - size
-        lease = self.book.granted(limit.name, size, left, asked, lease_of)
+        lease = self.book.granted(_lease_name(limit), size, left, asked, lease_of)
         if (spent := lease.take_spent()) and isinstance(lease_of, Hold):
             # What a lease added to has spent so far is booked now: the store then holds
             # no more of it than its free room and what is under way (if this process is
@@ -137,3 +137,9 @@ class LeasedLedger:
         """Book every lease, then close the backend."""
         await self._keeper.close()
         await self.shared.close()
+
+
+def _lease_name(limit: Hold | Draw) -> str:
+    """A lease is on a counter or bucket at one limit: a budget changed meanwhile (its
+    limit lowered) is the backend's to decide again, not an old lease's to spend."""
+    return f"{limit.name}@{limit.limit if isinstance(limit, Hold) else limit.capacity}"
