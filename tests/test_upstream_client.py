@@ -252,6 +252,43 @@ async def test_first_byte_and_read_timeouts(serve) -> None:  # type: ignore[no-u
     assert failure.value.code == "upstream_timeout"
 
 
+async def test_the_read_timeout_counts_from_the_last_piece_and_ends_with_its_answer(serve) -> None:  # type: ignore[no-untyped-def]
+    """One deadline per connection, moved on as pieces come: a stream whose pieces come
+    more often than the read timeout lasts as long as it likes; a stall is timed out
+    within the timeout; a reused connection's next answer is not timed out by the last's."""
+    async def trickles(_: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for _ in range(12):  # 1.2 s in all, against a read timeout of 0.6 s
+            writer.write(b"2\r\nhi\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.1)
+        writer.write(b"0\r\n\r\n")
+
+    client = UpstreamClient()
+    server, url = await serve(trickles)
+    for _ in range(2):  # the second on the kept connection
+        response = await send(client, url, read_timeout=0.6)
+        assert [piece async for piece in response.chunks()] == [b"hi"] * 12
+    assert server.connections == 1
+    loop = asyncio.get_running_loop()
+
+    async def stalls(_: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n")
+        await asyncio.sleep(0.5)  # a reader that waits past its timeout, then stalls
+        await asyncio.sleep(3)
+
+    _, url = await serve(stalls)
+    response = await send(client, url, read_timeout=0.3)
+    pieces = response.chunks()
+    assert await anext(pieces) == b"hi"
+    await asyncio.sleep(0.5)  # not reading: no deadline runs while nobody waits
+    started = loop.time()
+    with pytest.raises(UpstreamFailure) as failure:
+        await anext(pieces)
+    assert failure.value.code == "upstream_timeout"
+    assert loop.time() - started >= 0.25  # from the wait's start, not from the last piece
+
+
 async def test_a_slow_reader_stops_the_socket_being_read(serve) -> None:  # type: ignore[no-untyped-def]
     """A provider sending faster than the client takes is held back by TCP, not buffered."""
     sent = 0
