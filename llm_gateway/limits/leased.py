@@ -76,7 +76,7 @@ class LeasedRateLimiter:
             lease = leases[0]
             self.book.count(lease, cost)
             if size := self.book.renewal(lease, cost):
-                self._lease(lease.tag.key_id, limit, window_seconds, guard, name, size)
+                self._lease(key_id, limit, window_seconds, guard, name, size)
             return self._decided(lease, limit)
         decision = await self.shared.take(key_id, limit, window_seconds, cost, guard)
         if decision.allowed and (size := self.book.wanted(name, cost, decision.remaining)):
