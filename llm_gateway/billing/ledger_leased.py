@@ -77,11 +77,9 @@ class LeasedLedger:
         """A lease on ``limit``'s counter or bucket: a reservation of ``size`` of it."""
         asked = self._clock()
         lease_of = dataclasses.replace(limit, amount=size)
+        holds, _, draws, _ = _settlement([(lease_of, 0)])
         try:
-            if isinstance(lease_of, Hold):
-                answer = await self.shared.reserve([lease_of], [])
-            else:
-                answer = await self.shared.reserve([], [lease_of])
+            answer = await self.shared.reserve(holds, draws)
         except Exception as exc:  # the backend's trouble shows on the requests it decides
             log.debug("a lease on %s was not granted: %s", self.backend, type(exc).__name__)
             self.book.refused(_lease_name(limit))
@@ -103,25 +101,13 @@ class LeasedLedger:
         released but for requests still under way. Not tried again when it fails (it may
         have been applied): the room then stays held until its window ends, which covers
         what was spent from it, so a budget is never undercounted."""
-        holds: list[Hold] = []
-        spent: list[int] = []
-        draws: list[Draw] = []
-        used: list[int] = []
-        for lease in ended:
-            held = lease.held - lease.in_flight
-            if held <= 0 and lease.spent <= 0:
-                continue
-            limit = dataclasses.replace(lease.tag, amount=held)
-            if isinstance(limit, Hold):
-                holds.append(limit)
-                spent.append(lease.spent)
-            else:
-                draws.append(limit)
-                used.append(lease.spent)
-        if not (holds or draws):
+        booking = _settlement([
+            (dataclasses.replace(lease.tag, amount=lease.held - lease.in_flight), lease.spent)
+            for lease in ended if lease.held - lease.in_flight > 0 or lease.spent > 0])
+        if not (booking[0] or booking[2]):
             return
         try:
-            await self.shared.settle(holds, spent, draws, used)
+            await self.shared.settle(*booking)
         except Exception as exc:
             log.warning("leases on %s were not booked (their room stays held until their "
                         "windows end): %s", self.backend, type(exc).__name__)
@@ -137,6 +123,24 @@ class LeasedLedger:
         """Book every lease, then close the backend."""
         await self._keeper.close()
         await self.shared.close()
+
+
+def _settlement(limits: list[tuple[Hold | Draw, int]],
+                ) -> tuple[list[Hold], list[int], list[Draw], list[int]]:
+    """(counter, amount) and (bucket, amount) pairs as ``Ledger.settle`` takes them: the
+    holds and what each spent, the draws and what each used."""
+    holds: list[Hold] = []
+    spent: list[int] = []
+    draws: list[Draw] = []
+    used: list[int] = []
+    for limit, amount in limits:
+        if isinstance(limit, Hold):
+            holds.append(limit)
+            spent.append(amount)
+        else:
+            draws.append(limit)
+            used.append(amount)
+    return holds, spent, draws, used
 
 
 def _lease_name(limit: Hold | Draw) -> str:
