@@ -368,6 +368,8 @@ async def test_a_backend_leases_and_gives_back_as_the_memory_limiter_does(
         await limiter.give_back(key, 100, 3600, 5, granted.window - 3600)  # an old window
         decision = await limiter.take(key, 100, 3600)
         answers.append((decision.allowed, decision.remaining))
+        granted = await limiter.lease(key, 100, 3600, 2, guard)  # a lease as small as 2
+        answers.append((granted.amount, granted.count))
         await limiter.take(guard.key_id, 1, 3600)  # the guard full: no lease
         granted = await limiter.lease(key, 100, 3600, 1, guard)
         answers.append((granted.amount,))

@@ -69,14 +69,15 @@ count = count + cost
 return {1, count, reset_ms}
 """
 # A lease (llm_gateway.leases): the amount counted at once if it fits under the limit
-# (limits.lease_in_window), else nothing. Replies granted, count, reset, window start.
+# (limits.lease_in_window), else nothing. Replies as the take does (1 granted, 0 no
+# room, 2 the guard full), then the count, the reset and the window's start.
 LEASE_SCRIPT = _WINDOW + """
 if count + cost > limit then
   return {0, count, reset_ms, start_ms}
 end
 count = count + cost
 """ + _COUNT + """
-return {cost, count, reset_ms, start_ms}
+return {1, count, reset_ms, start_ms}
 """
 # ARGV: the amount, the window's start (ms) it was leased in: nothing back once it is over.
 GIVE_BACK_SCRIPT = """
@@ -132,7 +133,7 @@ class RedisRateLimiter:
                     guard: Guard | None = None) -> Granted:
         granted, count, reset_ms, start_ms = await self._run(
             LEASE, key_id, limit, window_seconds, amount, guard)
-        return Granted(0 if granted == 2 else int(granted), int(count), int(reset_ms) / 1000,
+        return Granted(amount if granted == 1 else 0, int(count), int(reset_ms) / 1000,
                        float(start_ms))
 
     async def give_back(self, key_id: str, limit: int, window_seconds: int, amount: int,
