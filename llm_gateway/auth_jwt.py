@@ -27,11 +27,13 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from llm_gateway import caller_text
 from llm_gateway.config import ConfigError, Settings
 from llm_gateway.errors import Rejection, invalid_api_key, key_store_unavailable
 from llm_gateway.keys import KeyRecord, subject_principal
 
 ALGORITHMS = ("RS256", "ES256")
+SUBJECT_CHARS = 200  # what the admin API admits for a key's subject_id
 LEEWAY_SECONDS = 30  # clock skew between the identity provider and this gateway
 JWKS_TIMEOUT_SECONDS = 5.0
 JWKS_MAX_AGE_SECONDS = 300.0
@@ -128,6 +130,10 @@ class JwtVerifier:
                 return invalid_api_key(
                     f"The JWT's '{self.models_claim}' claim names no models.")
         sub = str(subject)
+        # The subject names the caller in records, limits and labels: admitted as any
+        # string a caller chooses is (an identity provider's subject is a user's name).
+        if (problem := caller_text.refusal(self.subject_claim, sub, SUBJECT_CHARS)) is not None:
+            return invalid_api_key(f"The JWT's subject cannot be used: {problem}")
         return subject_principal(
             sub, name=f"jwt:{sub}", allowed_models=models,
             created_at=float(claims.get("iat") or self._clock()), expires_at=float(claims["exp"]),

@@ -22,7 +22,7 @@ import random
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
-from llm_gateway import errors
+from llm_gateway import caller_text, errors
 from llm_gateway.auth import Authenticator
 from llm_gateway.billing.metering import UsageRecord, UsageWriter
 from llm_gateway.billing.model import Price
@@ -64,6 +64,7 @@ log = logging.getLogger("llm_gateway")
 # last_used_at is written in batches off the request path, this often.
 TOUCH_FLUSH_SECONDS = 5.0
 _ENGINE_FAILED = "The gateway failed on this request."
+TAGS_HEADER = "x-llm-gateway-tags"
 _trace_ids = random.Random()  # trace ids need to be unique, not secret: no syscall each
 
 
@@ -330,6 +331,9 @@ class Gateway:
         payload = parse_request_body(endpoint, request.body)
         if isinstance(payload, Rejection):
             return payload
+        tags = _tags_of(request)
+        if isinstance(tags, Rejection):
+            return tags
         model = payload["model"] if payload else None
         if model is not None and not key.allows_model(model):
             return errors.model_not_allowed(model)
@@ -344,17 +348,30 @@ class Gateway:
             limit, quota = await self._limits(key), None
         else:  # asked at once: one write, one wait; one task, run eagerly (no loop turn)
             limiting = asyncio.eager_task_factory(asyncio.get_running_loop(), self._limits(key))
-            quota, limit = await self._reserve(budgets, plan, payload), await limiting
-            if isinstance(limit, Rejection) and isinstance(quota, QuotaDecision) \
-                    and quota.reservation is not None:  # not sent: nothing spent
-                self._background(self.quotas.settle(quota.reservation, 0, None))
+            quota = await self._reserve(budgets, plan, payload)
+            try:
+                limit = await limiting
+            except BaseException:
+                self._release(quota)
+                raise
+            if isinstance(limit, Rejection):  # not sent: nothing spent
+                self._release(quota)
         for refusal in (limit, quota):  # the rate limit's first, as it was asked first
             if isinstance(refusal, Rejection):
                 return refusal
-        exchange = Exchange(request, endpoint, key, limit, payload, plan, self._finished, quota,
-                            request_id=request_id, trace=current)
-        self.usage.admitted(exchange.admission_record())
+        try:
+            exchange = Exchange(request, endpoint, key, limit, payload, plan, self._finished,
+                                quota, request_id=request_id, trace=current, tags=tags)
+            self.usage.admitted(exchange.admission_record())
+        except BaseException:  # admitted by every limit, then failed: nothing is held
+            self._release(quota)
+            raise
         return exchange
+
+    def _release(self, quota: QuotaDecision | Rejection | None) -> None:
+        """Give back a reservation whose request will not be sent."""
+        if isinstance(quota, QuotaDecision) and quota.reservation is not None:
+            self._background(self.quotas.settle(quota.reservation, 0, None))
 
     async def _reserve(self, budgets: BudgetLimits, plan: Plan,
                        payload: dict) -> QuotaDecision | Rejection:
@@ -469,6 +486,15 @@ class Gateway:
         if self.settings.egress_policy is not EgressPolicy.DENY:
             return None
         return errors.egress_denied(host, port)
+
+
+def _tags_of(request: IncomingRequest) -> dict[str, str] | Rejection:
+    """The caller's ``x-llm-gateway-tags``, admitted by the one check for caller strings."""
+    header = request.header(TAGS_HEADER)
+    if header is None:
+        return {}
+    tags = caller_text.tags_of(header)
+    return errors.invalid_request_header(tags) if isinstance(tags, str) else tags
 
 
 def _settled(task: asyncio.Task[None]) -> None:

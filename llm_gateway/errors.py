@@ -26,6 +26,8 @@ CATALOGUE: dict[str, ErrorKind] = {kind.code: kind for kind in (
     ErrorKind(400, "invalid_request_error", "invalid_json", "the body is not JSON"),
     ErrorKind(400, "invalid_request_error", "invalid_request_body",
               "`model`, `messages` or `stream` malformed"),
+    ErrorKind(400, "invalid_request_error", "invalid_request_header",
+              "a gateway request header malformed (`x-llm-gateway-tags`)"),
     ErrorKind(400, "invalid_request_error", "malformed_http",
               "what was sent is not an HTTP/1.1 request (the connection is then closed)"),
     ErrorKind(401, "authentication_error", "invalid_api_key",
@@ -128,6 +130,10 @@ def invalid_json() -> Rejection:
 
 def invalid_request_body(message: str) -> Rejection:
     return reject("invalid_request_body", message)
+
+
+def invalid_request_header(message: str) -> Rejection:
+    return reject("invalid_request_header", message)
 
 
 def malformed_http() -> Rejection:

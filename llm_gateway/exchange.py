@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from llm_gateway import jsonio
 from llm_gateway.billing.quotas import QuotaDecision, usd_units
 from llm_gateway.billing.records import ERROR_MESSAGE_CHARS, UsageRecord, decimal_or_none
+from llm_gateway.caller_text import header_value
 from llm_gateway.crypto import mask_secret
 from llm_gateway.errors import Headers
 from llm_gateway.keys import KeyRecord
@@ -46,6 +47,9 @@ _DROP_RESPONSE_HEADERS = _KEY_ACCOUNT_HEADERS | {
     "connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
     "proxy-connection", "trailer", "upgrade", "set-cookie", "date", "server",
 }
+# The gateway's own request headers (x-llm-gateway-tags): the gateway's to read, never a
+# provider's.
+GATEWAY_HEADER_PREFIX = "x-llm-gateway-"
 # The provider's own request id: relayed under this name, as the client's x-request-id is
 # the gateway's (the one in the usage record), and a second one would garble it.
 UPSTREAM_REQUEST_ID = "x-llm-gateway-upstream-request-id"
@@ -75,8 +79,10 @@ class Exchange:
         *,
         request_id: str | None = None,
         trace: Trace | None = None,
+        tags: dict[str, str] | None = None,
     ) -> None:
         self.request = request
+        self.tags = tags or {}  # the caller's x-llm-gateway-tags, admitted (caller_text)
         self.endpoint = endpoint
         self.key = key
         self.limit = limit
@@ -140,7 +146,8 @@ class Exchange:
         assert self.provider is not None
         owned = self.provider.owned_headers
         headers = [(k, v) for k, v in self.request.headers
-                   if k not in _DROP_REQUEST_HEADERS and k not in owned]
+                   if k not in _DROP_REQUEST_HEADERS and k not in owned
+                   and not k.startswith(GATEWAY_HEADER_PREFIX)]
         headers.extend(self.provider.headers)
         headers.extend(self.provider.auth_headers())
         headers.append(("accept-encoding", "identity"))
@@ -195,8 +202,11 @@ class Exchange:
         if self.quota.max_tokens is not None and self.quota.clamped_from is not None:
             headers.append(("x-llm-gateway-max-tokens-clamped", str(self.quota.max_tokens)))
         if self.target is not None:
+            # A passthrough target's model is the caller's string: escaped, as any value
+            # the gateway did not choose (caller_text).
             target = self.target
-            headers.append(("x-llm-gateway-upstream", f"{target.provider}/{target.model}"))
+            headers.append(("x-llm-gateway-upstream",
+                            header_value(f"{target.provider}/{target.model}")))
         headers.append(("x-llm-gateway-attempts", str(self.attempts)))
         return headers
 

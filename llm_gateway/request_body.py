@@ -6,18 +6,25 @@ will see.
   while a provider that keeps the first runs a model the key may not use. Refusing is
   safer than forwarding a canonical body: the caller learns its body is ambiguous.
 - Nesting deeper than ``MAX_DEPTH`` is refused (400) instead of costing recursion.
+- A lone surrogate anywhere (``"\\ud800"`` is valid JSON, but no UTF-8) is refused (400):
+  the body could not be encoded again for a target that renames the model, nor stored.
+- The strings policy stores, labels or echoes (``model``, ``user``) are admitted by
+  ``caller_text``, the one check for them; ``n`` is bounded (budgets reserve for every
+  choice).
 """
 
 from __future__ import annotations
 
 import json
 
-from llm_gateway import errors
+from llm_gateway import caller_text, errors
 from llm_gateway.errors import Rejection
 from llm_gateway.messages import Endpoint, EndpointKind
 
 # No OpenAI request nests anywhere near this deep (tool schemas reach perhaps 10).
 MAX_DEPTH = 64
+# OpenAI's own bound on a chat request's choices.
+MAX_CHOICES = 128
 
 
 class _DuplicateKey(ValueError):
@@ -50,6 +57,24 @@ def _depth_exceeds(value: object, limit: int) -> bool:
     return False
 
 
+def _has_lone_surrogate(value: object) -> bool:
+    """Iterative, as ``_depth_exceeds``: any string (key or value) that is no Unicode."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
 def decode(body: bytes) -> object | Rejection:
     """The JSON document, or the 400 that refuses it."""
     try:
@@ -65,6 +90,12 @@ def decode(body: bytes) -> object | Rejection:
     # nest that deep at all.
     if body.count(b"{") + body.count(b"[") > MAX_DEPTH and _depth_exceeds(document, MAX_DEPTH):
         return errors.invalid_request_body(f"The body nests deeper than {MAX_DEPTH} levels.")
+    # Only an escape can make one (the bytes are UTF-8): the walk is for bodies that hold
+    # a \uD8.. to \uDF.. escape at all, paired ones (an emoji, escaped) included.
+    if (b"\\ud" in body or b"\\uD" in body) and _has_lone_surrogate(document):
+        return errors.invalid_request_body(
+            "The body holds a lone UTF-16 surrogate escape (\\ud800 to \\udfff without its "
+            "pair): it is not Unicode text.")
     return document
 
 
@@ -81,6 +112,18 @@ def parse_request_body(endpoint: Endpoint, body: bytes) -> dict | Rejection | No
     model = payload.get("model")
     if not isinstance(model, str) or not model.strip():
         return errors.invalid_request_body("'model' must be a non-empty string.")
+    if (problem := caller_text.refusal("model", model, caller_text.MODEL_CHARS)) is not None:
+        return errors.invalid_request_body(problem)
+    user = payload.get("user")
+    if user is not None and not isinstance(user, str):
+        return errors.invalid_request_body("'user' must be a string when present.")
+    if user and (problem := caller_text.refusal("user", user, caller_text.USER_CHARS)):
+        return errors.invalid_request_body(problem)
+    choices = payload.get("n")
+    if choices is not None and (isinstance(choices, bool) or not isinstance(choices, int)
+                                or not 1 <= choices <= MAX_CHOICES):
+        return errors.invalid_request_body(
+            f"'n' must be an integer from 1 to {MAX_CHOICES} when present.")
     if not isinstance(payload.get("stream", False), bool):
         return errors.invalid_request_body("'stream' must be a boolean when present.")
     for cap in ("max_tokens", "max_completion_tokens"):

@@ -360,8 +360,13 @@ class GatewayHttpProtocol(BoundedHead, asyncio.Protocol):
         head = [STATUS_LINES.get(status) or _status_line(status)]
         for name, value in self.server_state.default_headers:  # the date, as uvicorn's
             head.append(name + b": " + value + b"\r\n")
-        lines = "".join([f"{name}: {value}\r\n" for name, value in headers
-                         if name not in _FRAMING])
+        written = [(name, value) for name, value in headers if name not in _FRAMING]
+        lines = "".join([f"{name}: {value}\r\n" for name, value in written])
+        if (lines.count("\n") != len(written) or lines.count("\r") != len(written)
+                or "\0" in lines):
+            # No value the gateway writes holds one (caller_text): if one ever did, it
+            # would split the answer on a keep-alive connection. A 500, before any byte.
+            raise ValueError("a response header value holds CR, LF or NUL")
         head.append(lines.encode("latin-1"))
         if body is None:
             head.append(b"transfer-encoding: chunked\r\n")

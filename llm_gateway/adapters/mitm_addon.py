@@ -66,6 +66,7 @@ _STATE_KEY = "llm_gateway"
 _CLIENT_DISCONNECTED = "Client disconnected."
 # How often a request the engine is sending checks that its client is still there.
 _DISCONNECT_POLL_SECONDS = 0.1
+_UNSAFE_IN_HEADER = re.compile(rb"[\r\n\0]")
 
 
 @dataclass(slots=True)
@@ -386,10 +387,15 @@ class GatewayAddon:
 
 def _mitm_headers(headers: Iterable[tuple[str, str]]) -> http.Headers:
     # mitmproxy decodes header bytes as UTF-8 with surrogateescape: the same way back.
-    return http.Headers([
+    encoded = [
         (name.encode("utf-8", "surrogateescape"), value.encode("utf-8", "surrogateescape"))
         for name, value in headers
-    ])
+    ]
+    if any(_UNSAFE_IN_HEADER.search(name + value) for name, value in encoded):
+        # mitmproxy writes CR and LF through: a value holding one would split the answer.
+        # None the gateway writes does (caller_text); the hooks answer this with a 500.
+        raise ValueError("a response header holds CR, LF or NUL")
+    return http.Headers(encoded)
 
 
 def _answer(flow: http.HTTPFlow, rejection: Rejection) -> None:

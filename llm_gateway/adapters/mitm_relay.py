@@ -133,7 +133,11 @@ def _head(status: int, headers: list[tuple[str, str]], *, chunked: bool, length:
     lines += [f"{name}: {value}" for name, value in headers]
     lines.append("transfer-encoding: chunked" if chunked else f"content-length: {length}")
     lines.append("connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    head = "\r\n".join(lines)
+    if head.count("\n") != len(lines) - 1 or head.count("\r") != len(lines) - 1 or "\0" in head:
+        # As serve's writer: no value the gateway writes holds one (caller_text).
+        raise ValueError("a response header value holds CR, LF or NUL")
+    return (head + "\r\n\r\n").encode("latin-1")
 
 
 async def _write_and_close(writer: asyncio.StreamWriter, data: bytes) -> None:

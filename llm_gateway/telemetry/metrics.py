@@ -3,7 +3,9 @@
 A label value never comes from free text in a request: keys are named by their prefix
 (or name, or not at all: ``METRICS_KEY_LABEL``), models by the aliases and models the
 routes configure (anything else is ``other``), providers by their configured names, codes
-by the gateway's own. 2 000 made-up model names are one ``other`` series, not 2 000.
+by the gateway's own. 2 000 made-up model names are one ``other`` series, not 2 000. Values
+are bounded in length too (``LABEL_CHARS``): a longer model name a provider answered is
+``other``, a longer subject or key name is cut, so no scrape grows with what callers send.
 Histogram buckets follow the OpenTelemetry GenAI advice.
 """
 
@@ -32,6 +34,8 @@ OTHER = "other"
 # Model names that are no alias (passthrough) but that a provider answered: the first of
 # them become labels, up to this many; 2 000 names a provider refused never do.
 LEARNED_MODELS = 200
+# The longest label value written; a JWT's subject, say, can be far longer.
+LABEL_CHARS = 128
 
 
 class Labels:
@@ -45,10 +49,10 @@ class Labels:
     def key(self, key: KeyRecord | None) -> str:
         if key is None or self._key_label == "none":
             return "none"
-        return (key.name if self._key_label == "name" else key.prefix) or "none"
+        return (key.name[:LABEL_CHARS] if self._key_label == "name" else key.prefix) or "none"
 
     def subject(self, subject: str) -> str:
-        return "none" if self._key_label == "none" else subject
+        return "none" if self._key_label == "none" else subject[:LABEL_CHARS]
 
     def model(self, model: str | None, answered: bool = False) -> str:
         """``answered``: a provider served this name (a 2xx), so it names a real model."""
@@ -56,7 +60,7 @@ class Labels:
             return "none"
         if model in self._learned or model in self._known_models():
             return model
-        if answered and len(self._learned) < LEARNED_MODELS:
+        if answered and len(self._learned) < LEARNED_MODELS and len(model) <= LABEL_CHARS:
             self._learned.add(model)
             return model
         return OTHER
@@ -170,7 +174,7 @@ class StateCollector:
                                     "Spent (and reserved) over each budget, as last seen",
                                     labels=["scope", "id", "window"])
         for scope, owner, window, ratio in self._budgets():
-            budgets.add_metric([scope, owner, window], ratio)
+            budgets.add_metric([scope, owner[:LABEL_CHARS], window], ratio)
         yield budgets
         live = GaugeMetricFamily("llm_gateway_leases",
                                  "Leases this process holds on shared limits now",
