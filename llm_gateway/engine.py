@@ -248,17 +248,23 @@ class Gateway:
         self._sinks.append(sink)
 
     def _write_record(self, record: UsageRecord, exchange: Exchange) -> None:
-        target = exchange.target
-        if target is not None and target.model:
-            price = self.quotas.prices.price_at(target.provider, target.model, record.started_at)
-            if price is not None:
-                record.cost_usd = cost_of(price, record.prompt_tokens, record.completion_tokens,
-                                          record.cached_tokens)
-        self.usage.add(record)
-        reservation = exchange.quota.reservation
-        if reservation is not None:
-            spent = record.cost_usd if record.cost_usd is not None else record.provider_cost_usd
-            self._background(self.quotas.settle(reservation, record.total_tokens, spent))
+        """Price, spool and settle the record, then tell telemetry. The reservation is
+        settled whatever failed before it: a budget is never held by a request that ended."""
+        try:
+            target = exchange.target
+            if target is not None and target.model:
+                price = self.quotas.prices.price_at(target.provider, target.model,
+                                                    record.started_at)
+                if price is not None:
+                    record.cost_usd = cost_of(price, record.prompt_tokens,
+                                              record.completion_tokens, record.cached_tokens)
+            self.usage.add(record)
+        finally:
+            reservation = exchange.quota.reservation
+            if reservation is not None:
+                spent = (record.cost_usd if record.cost_usd is not None
+                         else record.provider_cost_usd)
+                self._background(self.quotas.settle(reservation, record.total_tokens, spent))
         self.telemetry.finished(record, exchange)
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
@@ -273,7 +279,10 @@ class Gateway:
 
     def _finished(self, record: UsageRecord, exchange: Exchange) -> None:
         for sink in self._sinks:
-            sink(record, exchange)
+            try:  # one sink's failure is logged, and keeps no other from its record
+                sink(record, exchange)
+            except Exception:
+                log.exception("a usage record sink failed on request %s", record.request_id)
 
     # ---- admission ----------------------------------------------------------------
 

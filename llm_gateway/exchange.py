@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import logging
 import random
 import time
 from collections.abc import Callable, Iterable
@@ -61,6 +62,7 @@ except importlib.metadata.PackageNotFoundError:  # a checkout that was never ins
     USER_AGENT = "llm-gateway/0"
 
 RecordSink = Callable[[UsageRecord, "Exchange"], None]
+log = logging.getLogger("llm_gateway")
 
 
 class Exchange:
@@ -315,10 +317,26 @@ class Exchange:
 
     def finish(self, *, client_disconnected: bool = False) -> UsageRecord | None:
         """Make the usage record and hand it on: exactly once, whatever happened. Safe
-        to call again (returns None)."""
+        to call again (returns None). Should making it fail (a bug), the record says
+        ``gateway_error`` with what admission knew: it is still the request's one record,
+        and its reservation is still settled."""
         if self._finished:
             return None
         self._finished = True
+        try:
+            record = self._record()
+        except Exception:
+            log.exception("making the usage record of request %s failed", self.request_id)
+            record = self.admission_record()
+            record.status, record.error_code = 500, "gateway_error"
+            record.duration_ms = (time.monotonic() - self.started) * 1000
+        if client_disconnected:
+            # 499 even when a stream's 200 went out: the status says how it ended.
+            record.error_code, record.status = "client_disconnected", CLIENT_CLOSED_REQUEST
+        self._on_finish(record, self)
+        return record
+
+    def _record(self) -> UsageRecord:
         record = UsageRecord(
             request_id=self.request_id, key_id=self.key.id, key_prefix=self.key.prefix,
             subject_id=self.key.subject_id, adapter=self.request.adapter,
@@ -335,10 +353,6 @@ class Exchange:
         if (facts := self.observe_body()) is not None:
             self._apply_facts(record, facts)
         self._estimate_usage(record)
-        if client_disconnected:
-            # 499 even when a stream's 200 went out: the status says how it ended.
-            record.error_code, record.status = "client_disconnected", CLIENT_CLOSED_REQUEST
-        self._on_finish(record, self)
         return record
 
     def _apply_facts(self, record: UsageRecord, facts: ResponseFacts) -> None:

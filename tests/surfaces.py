@@ -219,9 +219,9 @@ def surface(name: str, directory: Path, fake_url: str, ca_dir: Path,
         raise ValueError(name)
 
 
-def wait_until(condition: object, timeout: float = 5.0) -> None:
+def wait_until(condition: object, timeout: float = 5.0, what: object = "") -> None:
     """``condition()`` true within ``timeout`` (background settlements, written records)."""
     deadline = time.monotonic() + timeout
     while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "the condition did not come true in time"
+        assert time.monotonic() < deadline, f"the condition did not come true in time {what}"
         time.sleep(0.01)
