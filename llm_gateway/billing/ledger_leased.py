@@ -7,6 +7,15 @@ A lease is an ordinary reservation on one counter or bucket, asked for in the
 background; booking it is an ordinary settlement (what was spent from it, the rest
 released). So leases need nothing of a backend beyond ``Ledger``, and every backend's
 atomic rule still guards every unit: a budget is never passed.
+
+A request the backend decides passes its owner on to it (its reservation is a held row
+there, released by a sweep if this process dies). A request decided from a lease has no
+row of its own, and a lease is reserved without an owner: if this process is killed, what
+its leases hold stays counted until their windows end, which is little (a lease is a
+share of what is left, and what was spent from it is booked as it is granted more). A
+replayed settlement of a request decided from a lease (its ticket is lost with the
+process) thus finds no row in the backend and books nothing: the lease's room still
+covers what it spent.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from llm_gateway.billing.ledger import Draw, Hold, Ledger, LedgerAnswer
+from llm_gateway.billing.ledger import Draw, Hold, Ledger, LedgerAnswer, Owner
 from llm_gateway.leases import DEFAULT_LEASE_SECONDS, Lease, LeaseKeeper
 
 log = logging.getLogger("llm_gateway.billing")
@@ -33,7 +42,8 @@ class LeasedLedger:
         self.book = self._keeper.book
         self._clock = clock
 
-    async def reserve(self, holds: list[Hold], draws: list[Draw]) -> LedgerAnswer:
+    async def reserve(self, holds: list[Hold], draws: list[Draw],
+                      owner: Owner | None = None) -> LedgerAnswer:
         if not holds and not draws:  # a probe (/readyz): the backend's answer
             return await self.shared.reserve(holds, draws)
         limits: list[Hold | Draw] = [*holds, *draws]
@@ -46,7 +56,9 @@ class LeasedLedger:
             left = {limit.name: lease.remaining + limit.amount
                     for lease, limit in zip(leases, limits, strict=True)}
             return LedgerAnswer(True, None, left, ticket=leases)
-        answer = await self.shared.reserve(holds, draws)
+        # Without an owner, asked exactly as before (a wrapper that knows no owners works).
+        answer = await (self.shared.reserve(holds, draws) if owner is None
+                        else self.shared.reserve(holds, draws, owner))
         if answer.granted and answer.left:
             for limit, (name, _) in zip(limits, wants, strict=True):
                 left = answer.left.get(limit.name, 0) - limit.amount
@@ -55,9 +67,10 @@ class LeasedLedger:
         return answer
 
     async def settle(self, holds: list[Hold], spent: list[int], draws: list[Draw],
-                     used: list[int], ticket: object = None) -> None:
-        if not isinstance(ticket, tuple):
-            await self.shared.settle(holds, spent, draws, used)
+                     used: list[int], ticket: object = None, owner: Owner | None = None,
+                     ) -> None:
+        if not isinstance(ticket, tuple):  # the backend's, under its owner if it has one
+            await self.shared.settle(holds, spent, draws, used, owner=owner)
             return
         # Settled in its lease, unless that was booked already: then in the backend,
         # which holds the reservation among the lease's (booking left it there).
@@ -118,6 +131,12 @@ class LeasedLedger:
         except Exception as exc:  # held as reserved instead: never undercounted
             log.warning("a lease's spending was not booked on %s: %s", self.backend,
                         type(exc).__name__)
+
+    async def heartbeat(self, process: str) -> None:
+        await self.shared.heartbeat(process)
+
+    async def sweep(self) -> int:
+        return await self.shared.sweep()
 
     async def close(self) -> None:
         """Book every lease, then close the backend."""

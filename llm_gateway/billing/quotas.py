@@ -14,6 +14,14 @@ When the ledger does not answer (Redis or Postgres down), the rate limiter's fai
 fail-open admits without a reservation, fail-closed raises ``LedgerUnavailable`` (the
 engine's 503). Either way it is one ``Outage``: logged at most once a minute, counted,
 shown by /readyz, and the ledger is asked again once a second.
+
+A reservation may name its ``Owner`` (the engine's process tag and the request's id): the
+ledger then keeps it as a held row of that process, settled exactly once. The engine calls
+``keep_alive`` every few seconds (this process lives; the reservations of processes that
+stopped being heard of are released) and, at start-up, settles what a killed process left
+under way (rebuilt from the usage spool, each under its owner) with ``settle_orphan``:
+booked once whether the row was still held, swept meanwhile, or in fact settled before the
+kill.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import calendar
 import functools
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -28,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 
-from llm_gateway.billing.ledger import Draw, Hold, Ledger, LedgerAnswer
+from llm_gateway.billing.ledger import Draw, Hold, Ledger, LedgerAnswer, Owner
 from llm_gateway.billing.model import MILLION, Budget, BudgetScope, OverCap, Price
 from llm_gateway.billing.prices import PriceBook
 from llm_gateway.config import FailurePolicy
@@ -40,6 +49,8 @@ DEFAULT_OUTPUT_CAP = 4096
 BUDGET_CACHE_SECONDS = 2.0
 # While the ledger is down, one request per interval asks it again (as the limiter does).
 RETRY_INTERVAL_SECONDS = 1.0
+
+log = logging.getLogger("llm_gateway.billing")
 
 
 class LedgerUnavailable(Exception):
@@ -62,6 +73,7 @@ class Reservation:
     stop_streams: bool = False
     output_price: Price | None = None
     ticket: object = None  # the ledger's answer's (a lease's reservation)
+    owner: Owner | None = None  # whose it is in the ledger (None: the counters' only)
 
 
 @dataclass(slots=True)
@@ -216,9 +228,11 @@ class Quotas:
     async def reserve(
         self, limits: BudgetLimits, *, prompt_tokens: int, requested_cap: int | None,
         default_cap: int | None, targets: Sequence[tuple[str, str]],
+        owner: Owner | None = None,
     ) -> QuotaDecision | QuotaRefusal:
-        """Reserve for one request: the decision, or the refusal. Raises
-        LedgerUnavailable when the ledger does not answer under fail-closed."""
+        """Reserve for one request (under ``owner``, when given): the decision, or the
+        refusal. Raises LedgerUnavailable when the ledger does not answer under
+        fail-closed."""
         cap = requested_cap or limits.cap or default_cap or DEFAULT_OUTPUT_CAP
         if limits.cap and cap > limits.cap:
             if limits.over_cap is OverCap.REJECT:
@@ -226,13 +240,13 @@ class Quotas:
             cap = limits.cap
         now = self._clock()
         price = self.prices.highest_output_price(targets, now)
-        tried = await self._try(limits, prompt_tokens, cap, price, now)
+        tried = await self._try(limits, prompt_tokens, cap, price, now, owner)
         if (tried is not None and not tried[0].granted and tried[0].refused_by
                 and price is not None):
             affordable = _affordable_cap(tried[0], prompt_tokens, price)
             if tried[0].refused_by.startswith("usd:") and 1 <= affordable < cap:
                 cap = affordable  # the budget-aware clamp
-                tried = await self._try(limits, prompt_tokens, cap, price, now)
+                tried = await self._try(limits, prompt_tokens, cap, price, now, owner)
         if tried is None:
             # The ledger did not answer. fail-open: sent without a reservation (the cap,
             # which needs no ledger, still applies); fail-closed: not sent.
@@ -247,13 +261,14 @@ class Quotas:
                 return QuotaRefusal(refused, _refusal_headers(answer, holds, draws, refused, now))
             decision = QuotaDecision(Reservation(
                 holds, draws, prompt_tokens + cap, _ceiling(answer, holds),
-                limits.stop_streams, price, answer.ticket))
+                limits.stop_streams, price, answer.ticket, owner))
             decision.headers = _token_headers(answer, draws, holds, prompt_tokens + cap, now)
         if cap != requested_cap:
             decision.max_tokens, decision.clamped_from = cap, requested_cap
         return decision
 
-    async def _ledger_reserve(self, holds: list[Hold], draws: list[Draw]) -> LedgerAnswer | None:
+    async def _ledger_reserve(self, holds: list[Hold], draws: list[Draw],
+                              owner: Owner | None = None) -> LedgerAnswer | None:
         """The ledger's answer; None when it does not answer. While it is down, only one
         request per ``RETRY_INTERVAL_SECONDS`` asks it (the rest do not wait on it)."""
         now = self._monotonic()
@@ -261,7 +276,7 @@ class Quotas:
             return None
         self._next_try = now + RETRY_INTERVAL_SECONDS  # claimed before awaiting
         try:
-            answer = await self.ledger.reserve(holds, draws)
+            answer = await self.ledger.reserve(holds, draws, owner=owner)
         except Exception as exc:  # whatever keeps the ledger from answering
             self.outage.failed(exc)
             return None
@@ -280,7 +295,7 @@ class Quotas:
         self._next_try = 0.0
 
     async def _try(self, limits: BudgetLimits, prompt_tokens: int, cap: int,
-                   price: Price | None, now: float,
+                   price: Price | None, now: float, owner: Owner | None = None,
                    ) -> tuple[LedgerAnswer, list[Hold], list[Draw]] | None:
         tokens = prompt_tokens + cap
         usd = None
@@ -299,7 +314,7 @@ class Quotas:
                     holds.append(Hold(name, limit, tokens, end))
                 elif usd is not None:
                     holds.append(Hold(name, limit, usd, end))
-        answer = await self._ledger_reserve(holds, draws)
+        answer = await self._ledger_reserve(holds, draws, owner)
         if answer is None:
             return None
         self._note_ratios(answer, holds)
@@ -313,7 +328,32 @@ class Quotas:
         spent = [spent_usd if hold.name.startswith("usd:") else tokens
                  for hold in reservation.holds]
         await self.ledger.settle(reservation.holds, spent, reservation.draws,
-                                 [tokens] * len(reservation.draws), reservation.ticket)
+                                 [tokens] * len(reservation.draws), reservation.ticket,
+                                 owner=reservation.owner)
+
+    async def settle_orphan(self, reservation: Reservation, tokens: int,
+                            usd: Decimal | None) -> None:
+        """Book what a request of a dead process spent (its reservation rebuilt after a
+        crash): as ``settle``, exactly once under its owner, whether its row was still
+        held, was swept, or was in fact settled before the kill. Raises ValueError for a
+        reservation without an owner: settled blindly, it could be booked twice."""
+        if reservation.owner is None:
+            raise ValueError("only a reservation with an owner can be settled after a crash")
+        await self.settle(reservation, tokens, usd)
+
+    async def keep_alive(self, process: str) -> None:
+        """Housekeeping, every few seconds: ``process`` lives, and the reservations of
+        processes not heard of for a while are released. Never raises (a ledger that is
+        down shows on the requests it decides)."""
+        try:
+            await self.ledger.heartbeat(process)
+            released = await self.ledger.sweep()
+        except Exception as exc:
+            log.debug("the budget ledger's housekeeping failed on %s: %s",
+                      self.ledger.backend, type(exc).__name__)
+            return
+        if released:
+            log.info("released %d reservations of gateway processes that are gone", released)
 
 
 @functools.lru_cache(maxsize=1024)

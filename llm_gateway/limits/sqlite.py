@@ -48,6 +48,20 @@ SCHEMA = (
     """CREATE TABLE IF NOT EXISTS quota_buckets (
         name TEXT PRIMARY KEY, level REAL NOT NULL, at REAL NOT NULL
     ) WITHOUT ROWID""",
+    # The budget ledger's owners (llm_gateway.billing.ledger): a reservation's held row
+    # (its holds as JSON), the tombstones of swept ones, and when each process was heard of.
+    """CREATE TABLE IF NOT EXISTS quota_held (
+        process TEXT NOT NULL, request TEXT NOT NULL, holds TEXT NOT NULL,
+        PRIMARY KEY (process, request)
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS quota_swept (
+        process TEXT NOT NULL, request TEXT NOT NULL, at REAL NOT NULL,
+        PRIMARY KEY (process, request)
+    ) WITHOUT ROWID""",
+    "CREATE INDEX IF NOT EXISTS quota_swept_at ON quota_swept (at)",
+    """CREATE TABLE IF NOT EXISTS quota_processes (
+        process TEXT PRIMARY KEY, heard_at REAL NOT NULL
+    ) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS target_health (
         target TEXT PRIMARY KEY, failures INTEGER NOT NULL, successes INTEGER NOT NULL,
         degraded INTEGER NOT NULL, down_until REAL NOT NULL,

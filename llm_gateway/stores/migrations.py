@@ -539,4 +539,240 @@ MIGRATIONS: tuple[Migration, ...] = (
         END $$;
         """,
     ),
+    Migration(
+        7,
+        "the budget ledger's owners: held rows, tombstones, processes, and the sweep",
+        # A reservation may name its owner (a process, one of its requests): it is then
+        # also a held row, settled exactly once, and released by llmg_sweep when its
+        # process is not heard of any more (llm_gateway.billing.ledger). A held row
+        # references its process, so no sweep forgets a process that holds one. New
+        # overloads take the owner (NULL: as before); the old ones stay for replicas of
+        # the previous version during a rolling upgrade. Every function locks a process
+        # before any counter, and counters in name order: no two of them deadlock.
+        # SQLite keeps these tables in the workers' file (llm_gateway.limits.sqlite).
+        sqlite="SELECT 1;",
+        postgres="""
+        CREATE TABLE quota_processes (
+            process TEXT PRIMARY KEY,
+            heard_at TIMESTAMPTZ NOT NULL
+        );
+        CREATE INDEX quota_processes_heard ON quota_processes (heard_at);
+        CREATE TABLE quota_held (
+            process TEXT NOT NULL REFERENCES quota_processes (process),
+            request TEXT NOT NULL,
+            counters TEXT[] NOT NULL,
+            units BIGINT[] NOT NULL,
+            PRIMARY KEY (process, request)
+        );
+        CREATE TABLE quota_swept (
+            process TEXT NOT NULL,
+            request TEXT NOT NULL,
+            swept_at TIMESTAMPTZ NOT NULL,
+            PRIMARY KEY (process, request)
+        );
+        CREATE INDEX quota_swept_at ON quota_swept (swept_at);
+        CREATE FUNCTION llmg_reserve(
+            names TEXT[], limits BIGINT[], amounts BIGINT[], expires TIMESTAMPTZ[],
+            buckets TEXT[], capacities BIGINT[], draws BIGINT[],
+            owner_process TEXT, owner_request TEXT,
+            OUT granted BOOLEAN, OUT refused TEXT, OUT lefts BIGINT[]
+        ) LANGUAGE plpgsql AS $$
+        DECLARE
+            i INTEGER;
+            s BIGINT;
+            r BIGINT;
+            lvl DOUBLE PRECISION;
+            levels DOUBLE PRECISION[] := '{}';
+            now_ TIMESTAMPTZ := clock_timestamp();
+        BEGIN
+            granted := FALSE;
+            lefts := '{}';
+            IF owner_process IS NOT NULL THEN
+                -- The process row, before any counter (as the sweep takes them). Heard of
+                -- within the second: only key-share locked, so that no sweep forgets it
+                -- meanwhile and the reservations of one process do not queue on it.
+                PERFORM 1 FROM quota_processes p WHERE p.process = owner_process
+                    AND p.heard_at > now_ - interval '1 second' FOR KEY SHARE;
+                IF NOT FOUND THEN
+                    INSERT INTO quota_processes AS p (process, heard_at)
+                        VALUES (owner_process, now_)
+                        ON CONFLICT (process) DO UPDATE
+                        SET heard_at = greatest(p.heard_at, EXCLUDED.heard_at);
+                END IF;
+            END IF;
+            INSERT INTO quota_counters (name, expires_at)
+                SELECT * FROM unnest(names, expires) ON CONFLICT (name) DO NOTHING;
+            INSERT INTO quota_buckets (name, level, at)
+                SELECT b.name, b.capacity, now_
+                FROM unnest(buckets, capacities) AS b(name, capacity)
+                ON CONFLICT (name) DO NOTHING;
+            PERFORM 1 FROM quota_counters WHERE name = ANY(names) ORDER BY name FOR UPDATE;
+            PERFORM 1 FROM quota_buckets WHERE name = ANY(buckets) ORDER BY name FOR UPDATE;
+            FOR i IN 1 .. coalesce(array_length(names, 1), 0) LOOP
+                SELECT spent, reserved INTO s, r FROM quota_counters WHERE name = names[i];
+                lefts := lefts || (limits[i] - s - r);
+                IF refused IS NULL AND s + r + amounts[i] > limits[i] THEN
+                    refused := names[i];
+                END IF;
+            END LOOP;
+            FOR i IN 1 .. coalesce(array_length(buckets, 1), 0) LOOP
+                SELECT least(capacities[i]::double precision, level
+                             + extract(epoch FROM now_ - at) * capacities[i] / 60.0)
+                    INTO lvl FROM quota_buckets WHERE name = buckets[i];
+                levels := levels || lvl;
+                lefts := lefts || floor(lvl)::BIGINT;
+                IF refused IS NULL AND lvl < draws[i] THEN
+                    refused := buckets[i];
+                END IF;
+            END LOOP;
+            IF refused IS NOT NULL THEN
+                RETURN;
+            END IF;
+            UPDATE quota_counters c SET reserved = c.reserved + a.amount,
+                                        expires_at = greatest(c.expires_at, a.expires)
+                FROM unnest(names, amounts, expires) AS a(name, amount, expires)
+                WHERE c.name = a.name;
+            FOR i IN 1 .. coalesce(array_length(buckets, 1), 0) LOOP
+                UPDATE quota_buckets SET level = levels[i] - draws[i], at = now_
+                    WHERE name = buckets[i];
+            END LOOP;
+            IF owner_process IS NOT NULL AND coalesce(array_length(names, 1), 0) > 0 THEN
+                -- A second reservation of one owner joins its row.
+                INSERT INTO quota_held AS h (process, request, counters, units)
+                    VALUES (owner_process, owner_request, names, amounts)
+                    ON CONFLICT (process, request) DO UPDATE
+                    SET counters = h.counters || EXCLUDED.counters,
+                        units = h.units || EXCLUDED.units;
+            END IF;
+            granted := TRUE;
+        END $$;
+        CREATE FUNCTION llmg_settle(
+            names TEXT[], held BIGINT[], spent BIGINT[], expires TIMESTAMPTZ[],
+            buckets TEXT[], capacities BIGINT[], drawn BIGINT[], used BIGINT[],
+            owner_process TEXT, owner_request TEXT
+        ) RETURNS VOID LANGUAGE plpgsql AS $$
+        DECLARE
+            i INTEGER;
+            now_ TIMESTAMPTZ := clock_timestamp();
+            -- What is released: the holds, or with an owner what its row holds.
+            released_names TEXT[] := llmg_settle.names;
+            released_units BIGINT[] := llmg_settle.held;
+            booked BOOLEAN := TRUE;
+        BEGIN
+            IF owner_process IS NOT NULL THEN
+                -- Exactly once: the row (or else the tombstone) is deleted by one
+                -- settlement or sweep only; each statement sees what the one before
+                -- it waited for.
+                DELETE FROM quota_held h
+                    WHERE h.process = owner_process AND h.request = owner_request
+                    RETURNING h.counters, h.units INTO released_names, released_units;
+                IF NOT FOUND THEN
+                    released_names := '{}';
+                    released_units := '{}';
+                    DELETE FROM quota_swept w
+                        WHERE w.process = owner_process AND w.request = owner_request;
+                    booked := FOUND;
+                END IF;
+            END IF;
+            IF booked THEN
+                INSERT INTO quota_counters (name, expires_at)
+                    SELECT * FROM unnest(llmg_settle.names, llmg_settle.expires)
+                    ON CONFLICT (name) DO NOTHING;
+            END IF;
+            PERFORM 1 FROM quota_counters c
+                WHERE c.name = ANY(released_names) OR (booked AND c.name = ANY(llmg_settle.names))
+                ORDER BY c.name FOR UPDATE;
+            UPDATE quota_counters c
+                SET reserved = greatest(0, c.reserved - a.release_now),
+                    spent = c.spent + a.book_now
+                FROM (SELECT z.counter, sum(z.release_now) AS release_now,
+                             sum(z.book_now) AS book_now
+                      FROM (SELECT x.counter, x.units AS release_now, 0::BIGINT AS book_now
+                            FROM unnest(released_names, released_units) AS x(counter, units)
+                            UNION ALL
+                            SELECT y.counter, 0::BIGINT, y.units
+                            FROM unnest(llmg_settle.names, llmg_settle.spent)
+                                AS y(counter, units)
+                            WHERE booked) z
+                      GROUP BY z.counter) a
+                WHERE c.name = a.counter;
+            FOR i IN 1 .. coalesce(array_length(buckets, 1), 0) LOOP
+                UPDATE quota_buckets SET
+                    level = least(capacities[i]::double precision, level
+                                  + extract(epoch FROM now_ - at) * capacities[i] / 60.0
+                                  + drawn[i] - used[i]),
+                    at = now_
+                    WHERE name = buckets[i];
+            END LOOP;
+        END $$;
+        CREATE FUNCTION llmg_sweep(
+            orphan_seconds DOUBLE PRECISION, most_processes INTEGER, most_rows INTEGER,
+            tombstone_seconds DOUBLE PRECISION
+        ) RETURNS INTEGER LANGUAGE plpgsql AS $$
+        DECLARE
+            now_ TIMESTAMPTZ := clock_timestamp();
+            silent TEXT;
+            taken INTEGER;
+            most INTEGER;
+            released INTEGER := 0;
+            more_names TEXT[];
+            more_units BIGINT[];
+            all_names TEXT[] := '{}';
+            all_units BIGINT[] := '{}';
+        BEGIN
+            -- Old tombstones first, before any process or counter is locked.
+            DELETE FROM quota_swept w WHERE (w.process, w.request) IN (
+                SELECT o.process, o.request FROM quota_swept o
+                WHERE o.swept_at < now_ - tombstone_seconds * interval '1 second'
+                LIMIT most_rows);
+            -- A process another sweep is on is skipped; reservations (key share) are not
+            -- held up.
+            FOR silent IN SELECT p.process FROM quota_processes p
+                    WHERE p.heard_at < now_ - orphan_seconds * interval '1 second'
+                    ORDER BY p.heard_at LIMIT most_processes
+                    FOR NO KEY UPDATE SKIP LOCKED LOOP
+                EXIT WHEN released >= most_rows;
+                most := most_rows - released;
+                WITH gone AS (
+                    DELETE FROM quota_held h
+                    WHERE h.process = silent AND h.request IN (
+                        SELECT k.request FROM quota_held k WHERE k.process = silent
+                        LIMIT most)
+                    RETURNING h.request, h.counters, h.units
+                ), tombstones AS (
+                    INSERT INTO quota_swept (process, request, swept_at)
+                    SELECT silent, g.request, now_ FROM gone g
+                    ON CONFLICT (process, request) DO NOTHING
+                )
+                SELECT count(DISTINCT g.request)::INTEGER, array_agg(u.counter),
+                       array_agg(u.units)
+                    INTO taken, more_names, more_units
+                    FROM gone g, unnest(g.counters, g.units) AS u(counter, units);
+                released := released + taken;
+                all_names := all_names || coalesce(more_names, '{}');
+                all_units := all_units || coalesce(more_units, '{}');
+                IF taken < most THEN  -- none left: else the next sweep goes on with it
+                    BEGIN
+                        -- Forgotten once it holds nothing, unless it was heard of again;
+                        -- a reservation it made meanwhile keeps it (its row's reference),
+                        -- as does one still under way (the next sweep forgets it).
+                        DELETE FROM quota_processes p WHERE p.process = silent
+                            AND p.heard_at < now_ - orphan_seconds * interval '1 second';
+                    EXCEPTION WHEN foreign_key_violation OR lock_not_available THEN
+                        NULL;
+                    END;
+                END IF;
+            END LOOP;
+            -- Every counter released at once, locked in name order.
+            PERFORM 1 FROM quota_counters c WHERE c.name = ANY(all_names)
+                ORDER BY c.name FOR UPDATE;
+            UPDATE quota_counters c SET reserved = greatest(0, c.reserved - a.units)
+                FROM (SELECT x.counter, sum(x.units) AS units
+                      FROM unnest(all_names, all_units) AS x(counter, units)
+                      GROUP BY x.counter) a
+                WHERE c.name = a.counter;
+            RETURN released;
+        END $$;
+        """,
+    ),
 )
