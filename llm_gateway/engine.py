@@ -20,10 +20,12 @@ import dataclasses
 import logging
 import random
 from collections.abc import AsyncIterator, Coroutine
+from decimal import Decimal
 from typing import Any
 
 from llm_gateway import caller_text, errors
 from llm_gateway.auth import Authenticator
+from llm_gateway.billing.ledger import Owner
 from llm_gateway.billing.metering import UsageRecord, UsageWriter
 from llm_gateway.billing.model import Price
 from llm_gateway.billing.prices import cost_of
@@ -34,7 +36,10 @@ from llm_gateway.billing.quotas import (
     QuotaDecision,
     QuotaRefusal,
     Quotas,
+    reservation_from_json,
+    reservation_json,
 )
+from llm_gateway.billing.spool import Orphan
 from llm_gateway.config import EgressPolicy, Settings
 from llm_gateway.errors import Headers, Rejection, UpstreamFailure
 from llm_gateway.exchange import Exchange, RecordSink
@@ -47,6 +52,7 @@ from llm_gateway.messages import (
     GatewayResponse,
     IncomingRequest,
     next_request_id,
+    process_tag,
 )
 from llm_gateway.providers import UnsupportedParameter, profile_named
 from llm_gateway.readiness import Readiness, probe
@@ -129,10 +135,11 @@ class Gateway:
             # before anything else happens (SpoolUnwritable).
             self.usage.check_spool()
             await self.store.migrate()
-            await self.usage.replay_orphans()
             self._loop = asyncio.get_running_loop()
+            await self._refresh_prices()  # what a dead process's last streams cost
+            await self.usage.replay_orphans(self._account_orphan)
+            await self.quotas.keep_alive(process_tag())
             await self.routes.start()
-            await self._refresh_prices()
             if self.shared_health is not None:
                 await self.shared_health.start()
             self.usage.start()
@@ -222,6 +229,7 @@ class Gateway:
         while True:
             await asyncio.sleep(TOUCH_FLUSH_SECONDS)
             try:
+                await self.quotas.keep_alive(process_tag())
                 await self._flush_touches()
                 await self._refresh_prices()
             except Exception as exc:
@@ -253,19 +261,38 @@ class Gateway:
         try:
             target = exchange.target
             if target is not None and target.model:
-                price = self.quotas.prices.price_at(target.provider, target.model,
-                                                    record.started_at)
-                if price is not None:
-                    record.cost_usd = cost_of(price, record.prompt_tokens,
-                                              record.completion_tokens, record.cached_tokens)
+                self._price(record, target.provider, target.model)
             self.usage.add(record)
         finally:
             reservation = exchange.quota.reservation
             if reservation is not None:
-                spent = (record.cost_usd if record.cost_usd is not None
-                         else record.provider_cost_usd)
-                self._background(self.quotas.settle(reservation, record.total_tokens, spent))
+                self._background(self.quotas.settle(reservation, record.total_tokens,
+                                                    _spent(record)))
         self.telemetry.finished(record, exchange)
+
+    def _price(self, record: UsageRecord, provider: str, model: str) -> None:
+        """The record's cost, from the price table (none known: left as it is)."""
+        price = self.quotas.prices.price_at(provider, model, record.started_at)
+        if price is not None:
+            record.cost_usd = cost_of(price, record.prompt_tokens, record.completion_tokens,
+                                      record.cached_tokens)
+
+    async def _account_orphan(self, orphan: Orphan) -> None:
+        """A record a killed process left, before it is written: a request the kill cut
+        short is priced from what it had relayed (the spool's progress), and whatever it
+        held on the ledger is settled, exactly once under its owner (a request that had
+        settled before the kill books nothing again)."""
+        record = orphan.record
+        if record.error_code == "gateway_interrupted" and record.upstream_model:
+            self._price(record, record.provider, record.upstream_model)
+        if orphan.reservation is None:
+            return
+        try:
+            await self.quotas.settle_orphan(reservation_from_json(orphan.reservation),
+                                            record.total_tokens, _spent(record))
+        except Exception as exc:  # the sweep releases it within ORPHAN_SECONDS instead
+            log.warning("settling a stopped process's reservation failed: %s",
+                        type(exc).__name__)
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         """Off the request path; a failure is logged, never raised into a request. Started
@@ -357,7 +384,7 @@ class Gateway:
             limit, quota = await self._limits(key), None
         else:  # asked at once: one write, one wait; one task, run eagerly (no loop turn)
             limiting = asyncio.eager_task_factory(asyncio.get_running_loop(), self._limits(key))
-            quota = await self._reserve(budgets, plan, payload)
+            quota = await self._reserve(budgets, plan, payload, request_id)
             try:
                 limit = await limiting
             except BaseException:
@@ -370,8 +397,10 @@ class Gateway:
                 return refusal
         try:
             exchange = Exchange(request, endpoint, key, limit, payload, plan, self._finished,
-                                quota, request_id=request_id, trace=current, tags=tags)
-            self.usage.admitted(exchange.admission_record())
+                                quota, request_id=request_id, trace=current, tags=tags,
+                                on_progress=self.usage.progress)
+            self.usage.admitted(exchange.admission_record(), reservation_json(
+                quota.reservation if isinstance(quota, QuotaDecision) else None))
         except BaseException:  # admitted by every limit, then failed: nothing is held
             self._release(quota)
             raise
@@ -382,14 +411,15 @@ class Gateway:
         if isinstance(quota, QuotaDecision) and quota.reservation is not None:
             self._background(self.quotas.settle(quota.reservation, 0, None))
 
-    async def _reserve(self, budgets: BudgetLimits, plan: Plan,
-                       payload: dict) -> QuotaDecision | Rejection:
+    async def _reserve(self, budgets: BudgetLimits, plan: Plan, payload: dict,
+                       request_id: str) -> QuotaDecision | Rejection:
         try:  # the estimate on the key's and subject's budgets; the counters' policy
             decision = await self.quotas.reserve(
                 budgets, prompt_tokens=estimate_prompt(payload),
                 requested_cap=payload.get("max_tokens") or payload.get("max_completion_tokens"),
                 default_cap=plan.route.max_output_tokens,
                 targets=[(target.provider, target.model) for target in plan.targets],
+                owner=Owner(process_tag(), request_id), choices=payload.get("n") or 1,
             )
         except LedgerUnavailable:
             return errors.budget_ledger_unavailable()
@@ -495,6 +525,11 @@ class Gateway:
         if self.settings.egress_policy is not EgressPolicy.DENY:
             return None
         return errors.egress_denied(host, port)
+
+
+def _spent(record: UsageRecord) -> Decimal | None:
+    """What a request cost, for its settlement: the gateway's price, else the provider's."""
+    return record.cost_usd if record.cost_usd is not None else record.provider_cost_usd
 
 
 def _tags_of(request: IncomingRequest) -> dict[str, str] | Rejection:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from llm_gateway import jsonio
 from llm_gateway.billing.quotas import QuotaDecision, usd_units
 from llm_gateway.billing.records import ERROR_MESSAGE_CHARS, UsageRecord, decimal_or_none
+from llm_gateway.billing.spool import PROGRESS_SECONDS
 from llm_gateway.caller_text import header_value
 from llm_gateway.crypto import mask_secret
 from llm_gateway.errors import Headers
@@ -28,7 +29,7 @@ from llm_gateway.providers import Profile, profile_named
 from llm_gateway.routing.router import Plan
 from llm_gateway.routing.table import ProviderConfig, Target
 from llm_gateway.telemetry.tracing import Trace
-from llm_gateway.tokens import estimate_prompt
+from llm_gateway.tokens import estimate_chars, estimate_prompt
 
 # Which account the server-held key bills (an OpenAI key may belong to several
 # organizations and projects): the gateway's to set (a provider's `headers:`), never a
@@ -62,6 +63,7 @@ except importlib.metadata.PackageNotFoundError:  # a checkout that was never ins
     USER_AGENT = "llm-gateway/0"
 
 RecordSink = Callable[[UsageRecord, "Exchange"], None]
+ProgressSink = Callable[[str, dict[str, object]], None]
 log = logging.getLogger("llm_gateway")
 
 
@@ -82,6 +84,7 @@ class Exchange:
         request_id: str | None = None,
         trace: Trace | None = None,
         tags: dict[str, str] | None = None,
+        on_progress: ProgressSink | None = None,
     ) -> None:
         self.request = request
         self.tags = tags or {}  # the caller's x-llm-gateway-tags, admitted (caller_text)
@@ -121,6 +124,16 @@ class Exchange:
         self.facts: ResponseFacts | None = None  # a JSON body's, or the stream observer
         self._unread_body: bytes | None = None  # a JSON body not observed yet
         self._finished = False
+        self._on_progress = on_progress
+        self._progress_due = 0.0  # monotonic: a stream's progress is reported from then
+        self._prompt_estimate: int | None = None
+
+    @property
+    def prompt_estimate(self) -> int:
+        """The prompt's tokens, estimated (tokens.py), worked out once."""
+        if self._prompt_estimate is None:
+            self._prompt_estimate = estimate_prompt(self.payload or {})
+        return self._prompt_estimate
 
     @property
     def server_address(self) -> str:
@@ -218,11 +231,23 @@ class Exchange:
         the frame with the provider's key masked should the provider echo it."""
         observer = self.facts
         if isinstance(observer, StreamObserver):
-            for payload in observer.feed(frame, time.monotonic()):
+            now = time.monotonic()
+            payloads = observer.feed(frame, now)
+            if now >= self._progress_due:
+                self._report_progress(observer, now)
+            for payload in payloads:
                 if (not self.client_wants_usage and "usage" in payload
                         and payload.get("choices") == []):
                     return None
         return self._scrub(frame)
+
+    def _report_progress(self, observer: StreamObserver, now: float) -> None:
+        """How far the stream has got, for the spool: what a kill leaves of it."""
+        self._progress_due = now + PROGRESS_SECONDS
+        if self._on_progress is not None and self.target is not None:
+            self._on_progress(self.request_id, {
+                "provider": self.target.provider, "upstream_model": self.target.model,
+                "prompt_tokens": self.prompt_estimate, "text_chars": observer.text_chars})
 
     def _provider_key(self) -> bytes | None:
         if self.provider is None or not self.provider.api_key:
@@ -254,8 +279,8 @@ class Exchange:
                 or self.facts is None):
             return False
         price = reservation.output_price
-        prompt = estimate_prompt(self.payload or {})
-        delivered = (self.facts.text_chars + 3) // 4
+        prompt = self.prompt_estimate
+        delivered = estimate_chars(self.facts.text_chars)
         spent = usd_units((prompt * price.input_per_mtok + delivered * price.output_per_mtok)
                           / 1_000_000)
         return spent >= reservation.spend_ceiling
@@ -389,8 +414,8 @@ class Exchange:
         if not answered or self.endpoint.kind is EndpointKind.MODELS:
             return
         assert self.facts is not None
-        record.prompt_tokens = estimate_prompt(self.payload or {})
-        record.completion_tokens = (self.facts.text_chars + 3) // 4
+        record.prompt_tokens = self.prompt_estimate
+        record.completion_tokens = estimate_chars(self.facts.text_chars)
         record.total_tokens = record.prompt_tokens + record.completion_tokens
         record.tokens_estimated = True
 

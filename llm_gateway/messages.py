@@ -87,5 +87,10 @@ def _new_process_tag() -> None:
 os.register_at_fork(after_in_child=_new_process_tag)
 
 
+def process_tag() -> str:
+    """This process's own tag (new after a fork): what names it as a reservation's owner."""
+    return _PROCESS_TAG
+
+
 def next_request_id() -> str:
     return f"req_{_PROCESS_TAG}{next(_request_counter):012x}"

@@ -34,7 +34,6 @@ from llm_gateway.routing.health import Outcome, State
 from llm_gateway.routing.router import Router
 from llm_gateway.routing.table import ProviderConfig, Target
 from llm_gateway.sse import FrameSplitter, FrameTooLarge
-from llm_gateway.tokens import estimate_prompt
 
 _STREAM_BROKE_OFF = "The upstream provider's stream broke off before it was complete."
 _BUDGET_SPENT = ("The budget of this key (or its subject) is spent: the stream was stopped "
@@ -303,7 +302,7 @@ def tokens_bucket(provider: str) -> str:
 
 def _estimated_tokens(exchange: Exchange) -> int:
     """The prompt's estimate: what a provider's token window counts as a request goes."""
-    return max(1, estimate_prompt(exchange.payload or {}))
+    return max(1, exchange.prompt_estimate)
 
 
 def _with_retry_after(headers: list[tuple[str, str]],

@@ -10,7 +10,12 @@ TOKENS_PER_MESSAGE = 4
 
 
 def estimate_text(text: str) -> int:
-    return (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
+    return estimate_chars(len(text))
+
+
+def estimate_chars(chars: int) -> int:
+    """Tokens in ``chars`` characters of text."""
+    return (chars + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN
 
 
 def estimate_prompt(payload: dict) -> int:

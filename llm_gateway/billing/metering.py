@@ -12,11 +12,12 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, date, datetime, timedelta
 from typing import Protocol
 
 from llm_gateway.billing.records import UsageRecord
-from llm_gateway.billing.spool import Spool
+from llm_gateway.billing.spool import Orphan, Spool
 
 log = logging.getLogger("llm_gateway.billing")
 
@@ -73,9 +74,13 @@ class UsageWriter:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
-    def admitted(self, record: UsageRecord) -> None:
+    def admitted(self, record: UsageRecord, reservation: dict[str, object] | None = None) -> None:
         if self.spool is not None:
-            self.spool.admitted(record)
+            self.spool.admitted(record, reservation)
+
+    def progress(self, request_id: str, facts: dict[str, object]) -> None:
+        if self.spool is not None:
+            self.spool.progress(request_id, facts)
 
     def add(self, record: UsageRecord) -> None:
         segment = self.spool.finished(record) if self.spool is not None else None
@@ -128,12 +133,20 @@ class UsageWriter:
         self._pending = [item for item in self._pending if item[1] is None]
         self._overflowed = False
 
-    async def replay_orphans(self) -> int:
-        """Write what dead processes left in the spool; returns how many records."""
+    async def replay_orphans(
+        self, account: Callable[[Orphan], Awaitable[None]] | None = None,
+    ) -> int:
+        """Write what dead processes left in the spool; returns how many records. Each
+        goes through ``account`` first (the engine prices a record the kill cut short and
+        settles what its request held on the ledger)."""
         if self.spool is None:
             return 0
         count = 0
-        for path, records in self.spool.orphans():
+        for path, orphans in self.spool.orphans():
+            if account is not None:
+                for orphan in orphans:
+                    await account(orphan)
+            records = [orphan.record for orphan in orphans]
             for start in range(0, len(records), self._batch_size):
                 await self._sink.write_usage(records[start:start + self._batch_size])
             count += len(records)

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any
 
 from llm_gateway.billing.ledger import Draw, Hold, Ledger, LedgerAnswer, Owner
 from llm_gateway.billing.model import MILLION, Budget, BudgetScope, OverCap, Price
@@ -74,6 +75,23 @@ class Reservation:
     output_price: Price | None = None
     ticket: object = None  # the ledger's answer's (a lease's reservation)
     owner: Owner | None = None  # whose it is in the ledger (None: the counters' only)
+
+
+def reservation_json(reservation: Reservation | None) -> dict[str, object] | None:
+    """What the usage spool keeps of a reservation, to settle it after a crash: its owner
+    and holds. None for none, one without an owner, or one granted from a lease (the
+    lease's room covers it; a bucket refills by itself)."""
+    if reservation is None or reservation.owner is None or reservation.ticket is not None:
+        return None
+    return {"process": reservation.owner.process, "request": reservation.owner.request,
+            "holds": [[h.name, h.limit, h.amount, h.expires_at] for h in reservation.holds]}
+
+
+def reservation_from_json(data: dict[str, Any]) -> Reservation:
+    """``reservation_json``'s reservation again (what ``settle_orphan`` needs of it)."""
+    holds = [Hold(str(name), int(limit), int(amount), float(expires_at))
+             for name, limit, amount, expires_at in data["holds"]]
+    return Reservation(holds, [], 0, owner=Owner(str(data["process"]), str(data["request"])))
 
 
 @dataclass(slots=True)
@@ -228,11 +246,13 @@ class Quotas:
     async def reserve(
         self, limits: BudgetLimits, *, prompt_tokens: int, requested_cap: int | None,
         default_cap: int | None, targets: Sequence[tuple[str, str]],
-        owner: Owner | None = None,
+        owner: Owner | None = None, choices: int = 1,
     ) -> QuotaDecision | QuotaRefusal:
         """Reserve for one request (under ``owner``, when given): the decision, or the
         refusal. Raises LedgerUnavailable when the ledger does not answer under
-        fail-closed."""
+        fail-closed. The output cap is per choice (``choices``: chat's ``n``, each billed
+        as a whole answer): the reservation is for every choice, and the clamp keeps their
+        total within the budget."""
         cap = requested_cap or limits.cap or default_cap or DEFAULT_OUTPUT_CAP
         if limits.cap and cap > limits.cap:
             if limits.over_cap is OverCap.REJECT:
@@ -240,13 +260,13 @@ class Quotas:
             cap = limits.cap
         now = self._clock()
         price = self.prices.highest_output_price(targets, now)
-        tried = await self._try(limits, prompt_tokens, cap, price, now, owner)
+        tried = await self._try(limits, prompt_tokens, cap * choices, price, now, owner)
         if (tried is not None and not tried[0].granted and tried[0].refused_by
                 and price is not None):
-            affordable = _affordable_cap(tried[0], prompt_tokens, price)
+            affordable = _affordable_cap(tried[0], prompt_tokens, price) // choices
             if tried[0].refused_by.startswith("usd:") and 1 <= affordable < cap:
                 cap = affordable  # the budget-aware clamp
-                tried = await self._try(limits, prompt_tokens, cap, price, now, owner)
+                tried = await self._try(limits, prompt_tokens, cap * choices, price, now, owner)
         if tried is None:
             # The ledger did not answer. fail-open: sent without a reservation (the cap,
             # which needs no ledger, still applies); fail-closed: not sent.
@@ -259,10 +279,11 @@ class Quotas:
             if not answer.granted:
                 refused = answer.refused_by or "budget"
                 return QuotaRefusal(refused, _refusal_headers(answer, holds, draws, refused, now))
+            reserved = prompt_tokens + cap * choices
             decision = QuotaDecision(Reservation(
-                holds, draws, prompt_tokens + cap, _ceiling(answer, holds),
+                holds, draws, reserved, _ceiling(answer, holds),
                 limits.stop_streams, price, answer.ticket, owner))
-            decision.headers = _token_headers(answer, draws, holds, prompt_tokens + cap, now)
+            decision.headers = _token_headers(answer, draws, holds, reserved, now)
         if cap != requested_cap:
             decision.max_tokens, decision.clamped_from = cap, requested_cap
         return decision
@@ -297,6 +318,7 @@ class Quotas:
     async def _try(self, limits: BudgetLimits, prompt_tokens: int, cap: int,
                    price: Price | None, now: float, owner: Owner | None = None,
                    ) -> tuple[LedgerAnswer, list[Hold], list[Draw]] | None:
+        """``cap``: the output tokens of every choice together."""
         tokens = prompt_tokens + cap
         usd = None
         if price is not None:

@@ -11,6 +11,14 @@ its finished records are replayed (the store ignores a record it has, by request
 a request it admitted but never finished becomes a record of its own
 (``gateway_interrupted``). Exactly one record per admitted request, whatever happened.
 
+A stream also writes its progress as it is relayed (``progress``: which target, the prompt's
+estimate, the characters of text relayed so far; at most once per ``PROGRESS_SECONDS`` of
+a stream, and at its first event), so the record of a stream the kill cut short carries
+the tokens the client got, estimated as for any stream that ended without usage. An
+admission line also holds the request's budget reservation, when one was taken from the
+ledger (not from a lease), so that the next start settles what a dead process left held
+(``Orphan``).
+
 The spool never fails a request: a line it cannot write (a full or read-only disk, a
 directory gone) is counted, logged once per failure period, and its record reaches the
 database from memory only; a write is tried again once every ``RETRY_SECONDS`` until one
@@ -34,10 +42,13 @@ from pathlib import Path
 from llm_gateway import jsonio
 from llm_gateway.billing.records import UsageRecord
 from llm_gateway.config import ConfigError
+from llm_gateway.tokens import estimate_chars
 
 log = logging.getLogger("llm_gateway.billing")
 
 ROTATE_SECONDS = 2.0
+# A stream's progress is written at most this often (and at its first event).
+PROGRESS_SECONDS = 1.0
 # While the spool cannot be written, one line in this long tries again (the others do not
 # pay for a failing system call each).
 RETRY_SECONDS = 1.0
@@ -110,7 +121,7 @@ class Spool:
             self._collect()
         return self._segments[-1]
 
-    def _append(self, segment: _Segment, line: dict[str, UsageRecord]) -> None:
+    def _append(self, segment: _Segment, line: dict[str, object]) -> None:
         # The record as its JSON object (money as text), the form from_json reads back.
         data = jsonio.dumps(line) + b"\n"
         if segment.torn:
@@ -121,7 +132,7 @@ class Spool:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         self.lines += 1
 
-    def _write(self, line: dict[str, UsageRecord]) -> _Segment | None:
+    def _write(self, line: dict[str, object]) -> _Segment | None:
         """Append one line; the segment it is in, or None when the spool cannot be
         written: never an exception, for no request may fail on the spool."""
         broken_since = self._broken_since
@@ -147,12 +158,22 @@ class Spool:
             self._broken_since = None
         return segment
 
-    def admitted(self, record: UsageRecord) -> None:
-        """A request was admitted; ``record`` is what is known of it so far."""
-        segment = self._write({"admitted": record})
+    def admitted(self, record: UsageRecord, reservation: dict[str, object] | None = None) -> None:
+        """A request was admitted; ``record`` is what is known of it so far, and
+        ``reservation`` (JSON) what it holds on the ledger."""
+        line: dict[str, object] = {"admitted": record}
+        if reservation is not None:
+            line["reservation"] = reservation
+        segment = self._write(line)
         if segment is not None:
             segment.open_requests.add(record.request_id)
             self._where[record.request_id] = segment
+
+    def progress(self, request_id: str, facts: dict[str, object]) -> None:
+        """How far an admitted stream has got: ``facts`` (provider, upstream_model,
+        prompt_tokens, text_chars) replace what an earlier line said."""
+        if request_id in self._where:
+            self._write({"progress": {"request_id": request_id, **facts}})
 
     def finished(self, record: UsageRecord) -> _Segment | None:
         """The request's record; returns the segment to report it written against (None:
@@ -202,7 +223,7 @@ class Spool:
 
     # ---- replaying what a dead process left ----------------------------------------------
 
-    def orphans(self) -> Iterator[tuple[Path, list[UsageRecord]]]:
+    def orphans(self) -> Iterator[tuple[Path, list[Orphan]]]:
         """Each segment no living process holds, with the records to write for it."""
         if not self.directory.is_dir():
             return
@@ -230,8 +251,8 @@ class Spool:
         found = []
         for segment in self._segments:
             if segment.unwritten > 0:
-                records = [record for record in _records_of([segment.path])[segment.path]
-                           if record.error_code != "gateway_interrupted"]
+                records = [orphan.record for orphan in _records_of([segment.path])[segment.path]
+                           if orphan.record.error_code != "gateway_interrupted"]
                 found.append((segment, records))
         return found
 
@@ -239,11 +260,23 @@ class Spool:
         segment.unwritten = 0
 
 
-def _records_of(paths: list[Path]) -> dict[Path, list[UsageRecord]]:
+@dataclass(slots=True)
+class Orphan:
+    """A record a dead process left (finished, or made now for a request it never
+    finished), with the reservation its admission line names (JSON; None: none taken
+    from the ledger)."""
+
+    record: UsageRecord
+    reservation: dict[str, object] | None = None
+
+
+def _records_of(paths: list[Path]) -> dict[Path, list[Orphan]]:
     """The finished records of these segments, and a record for every request admitted
     but never finished (the process died under it), each under the segment it is in."""
     finished: dict[str, UsageRecord] = {}
     admitted: dict[str, tuple[Path, UsageRecord]] = {}
+    reservations: dict[str, dict[str, object]] = {}
+    progress: dict[str, dict[str, object]] = {}
     by_path: dict[Path, list[UsageRecord]] = {path: [] for path in paths}
     for path in paths:
         for line in path.read_bytes().splitlines():
@@ -255,12 +288,32 @@ def _records_of(paths: list[Path]) -> dict[Path, list[UsageRecord]]:
                 record = UsageRecord.from_json(entry["finished"])
                 finished[record.request_id] = record
                 by_path[path].append(record)
+            elif "progress" in entry:
+                facts = entry["progress"]
+                progress[str(facts.get("request_id"))] = facts
             elif "admitted" in entry:
                 record = UsageRecord.from_json(entry["admitted"])
                 admitted[record.request_id] = (path, record)
+                if isinstance(entry.get("reservation"), dict):
+                    reservations[record.request_id] = entry["reservation"]
     for request_id, (path, record) in admitted.items():
         if request_id not in finished:
             record.status, record.error_code = 500, "gateway_interrupted"
             record.error_message = "The gateway stopped before the request finished."
+            if request_id in progress:
+                _estimated_from(record, progress[request_id])
             by_path[path].append(record)
-    return by_path
+    return {path: [Orphan(record, reservations.get(record.request_id)) for record in records]
+            for path, records in by_path.items()}
+
+
+def _estimated_from(record: UsageRecord, facts: dict[str, object]) -> None:
+    """What a stream cut by the kill had relayed, estimated as the exchange estimates a
+    stream that ended without usage (tokens.py: four characters a token)."""
+    record.provider = str(facts.get("provider") or "")
+    record.upstream_model = str(facts["upstream_model"]) if facts.get("upstream_model") else None
+    prompt, chars = facts.get("prompt_tokens"), facts.get("text_chars")
+    record.prompt_tokens = prompt if isinstance(prompt, int) else 0
+    record.completion_tokens = estimate_chars(chars) if isinstance(chars, int) else 0
+    record.total_tokens = record.prompt_tokens + record.completion_tokens
+    record.tokens_estimated = True

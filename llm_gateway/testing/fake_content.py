@@ -102,6 +102,7 @@ class ChatReply:
     chunk_count: int
     created: int
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
+    choices: int = 1  # the request's ``n``: as the providers do, each choice is generated
 
     def completion(self, usage: dict[str, object]) -> dict[str, object]:
         return {
@@ -111,17 +112,20 @@ class ChatReply:
             "model": self.model,
             "choices": [
                 {
-                    "index": 0,
+                    "index": index,
                     "message": {"role": "assistant", "content": fake_reply_text(self.chunk_count)},
                     "logprobs": None,
                     "finish_reason": "stop",
                 }
+                for index in range(self.choices)
             ],
             "usage": usage,
         }
 
-    def chunk(self, delta: dict[str, str], finish_reason: str | None) -> dict[str, object]:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    def chunk(self, delta: dict[str, str], finish_reason: str | None,
+              index: int = 0) -> dict[str, object]:
+        choice = {"index": index, "delta": delta, "logprobs": None,
+                  "finish_reason": finish_reason}
         return {**self._chunk_head(), "choices": [choice]}
 
     def usage_chunk(self, usage: dict[str, object]) -> dict[str, object]:

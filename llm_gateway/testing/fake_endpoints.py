@@ -104,10 +104,16 @@ async def chat_completions(
     if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 0:
         # As a real model: never more completion tokens than the request allows.
         chunk_count = min(chunk_count, cap // WORDS_PER_CHUNK)
-    reply = ChatReply(model=model, chunk_count=chunk_count, created=int(time.time()))
+    choices = 1 if request.get("n") is None else request["n"]
+    if isinstance(choices, bool) or not isinstance(choices, int) or not 1 <= choices <= 128:
+        await exchange.reject("n", "n must be an integer from 1 to 128")
+        return
+    reply = ChatReply(model=model, chunk_count=chunk_count, created=int(time.time()),
+                      choices=choices)
     venice = exchange.provider == "venice"
+    # Every choice is generated, and billed: n choices cost n times the output.
     usage = usage_payload(
-        prompt_word_count(messages), WORDS_PER_CHUNK * chunk_count, with_cost=venice,
+        prompt_word_count(messages), WORDS_PER_CHUNK * chunk_count * choices, with_cost=venice,
         cached_tokens=cached_tokens,
     )
 
@@ -152,10 +158,13 @@ async def _stream_completion(
         await _send_json_frame(exchange, {"error": fault.inband_error})
         await _end_stream(exchange)
         return
-    await _send_json_frame(exchange, reply.chunk({"role": "assistant", "content": ""}, None))
+    for index in range(reply.choices):
+        await _send_json_frame(exchange, reply.chunk({"role": "assistant", "content": ""}, None,
+                                                     index))
     if not await _stream_content(exchange, fault, reply, chunk_delay):
         return
-    await _send_json_frame(exchange, reply.chunk({}, "stop"))
+    for index in range(reply.choices):
+        await _send_json_frame(exchange, reply.chunk({}, "stop", index))
     if usage is not None:
         await _send_json_frame(exchange, reply.usage_chunk(usage))
     await _end_stream(exchange)
@@ -176,7 +185,9 @@ async def _stream_content(
             return False
         if index == malformed_before:
             await _send_frame(exchange, MALFORMED_SSE_FRAME)
-        await _send_json_frame(exchange, reply.chunk({"content": fake_reply_chunk(index)}, None))
+        for choice in range(reply.choices):
+            await _send_json_frame(exchange, reply.chunk({"content": fake_reply_chunk(index)},
+                                                         None, choice))
         if chunk_sent_at is not None:
             chunk_sent_at.append(time.monotonic())
     if cut_after is not None:
