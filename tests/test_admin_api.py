@@ -216,7 +216,7 @@ def exercise_every_endpoint(gw: AdminGateway, api: OpenApi) -> dict[str, Any]:
         assert {b["scope"] for b in budgets} == {"key", "subject"}  # the key's moved on rotate
         assert ok(c.delete("/budgets/subject/team-a")).status_code == 204
         assert ok(c.get("/budgets/subject/team-a")).status_code == 404
-        assert ok(c.put("/budgets/subject/x", json={"daily_usd": 1.5})).status_code == 400
+        assert ok(c.put("/budgets/subject/x", json={"daily_usd": 1.5})).status_code == 422
 
         price = ok(c.post("/prices", json={"provider": "venice", "model": "llama-3.3-70b",
                                            "input_per_mtok": "0.70", "output_per_mtok": "2.80",
@@ -301,11 +301,11 @@ def test_wrong_credentials_get_401_on_every_endpoint(
 def test_errors_are_openai_shaped_and_documented(admin_gw: AdminGateway, openapi: OpenApi) -> None:
     with admin_gw.client() as c:
         bad = openapi.check(c.post("/keys", json={"name": ""}))
-        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request_body"
-        assert openapi.check(c.post("/keys", json={"name": "x", "colour": 1})).status_code == 400
+        assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_request_body"
+        assert openapi.check(c.post("/keys", json={"name": "x", "colour": 1})).status_code == 422
         assert openapi.check(c.post("/prices", json={
             "provider": "p", "model": "m", "input_per_mtok": 0.1, "output_per_mtok": "1"})
-        ).status_code == 400  # money as a float is refused: it is already rounded
+        ).status_code == 422  # money as a float is refused: it is already rounded
         missing = c.get("/nothing-here")
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
         assert c.delete("/keys").status_code == 405

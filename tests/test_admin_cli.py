@@ -3,20 +3,27 @@ budgets, providers), `serve`'s admin listener, and provider keys at rest."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import csv
+import io
 import json
 import os
 import socket
 import subprocess
+import time
+from decimal import Decimal
 from pathlib import Path
 
 import httpx
 import pytest
 
 from llm_gateway.admin.tokens import generate_token, is_well_formed_token
+from llm_gateway.billing.records import UsageRecord
 from llm_gateway.config import Secret, load_settings
 from llm_gateway.crypto import CannotDecrypt, SecretBox, SecretKeyError, derive_key, mask_secret
-from llm_gateway.keys import generate_key, is_well_formed
+from llm_gateway.keys import generate_key, is_well_formed, new_key_record
+from llm_gateway.stores import open_store
 from tests.support import (
     BIN,
     free_port,
@@ -145,6 +152,64 @@ def test_prices_and_budgets(tmp_path: Path) -> None:
     assert cli("budgets", "set", database_url=url).returncode == 2  # --key or --subject
     missing = cli("budgets", "show", "--subject", "nobody", database_url=url)
     assert missing.returncode == 1 and "no budget" in missing.stderr
+
+
+def test_counts_past_their_column_are_refused_in_one_line(tmp_path: Path) -> None:
+    url = fresh_database_url(tmp_path)
+    for option in ("--daily-tokens", "--max-output-tokens"):
+        refused = cli("budgets", "set", "--subject", "team-a", option, str(2**64),
+                      database_url=url)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+        assert option[2:].replace("-", "_") in refused.stderr
+    too_many = cli("keys", "create", "--name", "x", "--rate-limit", f"{2**31}/60",
+                   database_url=url)
+    assert too_many.returncode == 2 and "rate_limit_requests" in too_many.stderr
+    assert "Traceback" not in refused.stderr + too_many.stderr
+
+
+# Model names as callers chose them (a request's "model" is recorded as sent).
+FORMULA_MODELS = ['=HYPERLINK("http://x","y")', "+SUM(1+1)", "-2+3", "@SUM(A1)",
+                  "\tx", "\r=cmd", "-2"]
+
+
+def test_the_usage_reports_csv_runs_no_formula(tmp_path: Path) -> None:
+    url = fresh_database_url(tmp_path)
+    key, _ = new_key_record(name="=key", subject_id="+team", now=time.time())
+    records = [UsageRecord(
+        request_id=f"req_{index}", key_id=key.id, key_prefix=key.prefix,
+        subject_id=key.subject_id, adapter="asgi", endpoint="/chat/completions", model=model,
+        stream=False, status=200, started_at=time.time() - 60, duration_ms=10.0,
+        prompt_tokens=1, completion_tokens=1, total_tokens=2,
+        # A credit: the report's own negative amount is a number, and stays one.
+        cost_usd=Decimal("-0.5") if model == "-2" else Decimal("0.25"),
+    ) for index, model in enumerate(FORMULA_MODELS)]
+
+    async def write() -> None:
+        store = open_store(url)
+        try:
+            await store.migrate()
+            await store.insert_key(key)
+            await store.write_usage(records)
+        finally:
+            await store.close()
+
+    asyncio.run(write())
+
+    def report(by: str) -> list[dict[str, str]]:
+        # As bytes: text mode would read the CR in a cell as a line's end.
+        done = subprocess.run(
+            [str(BIN / "llm-gateway"), "usage", "report", "--by", by, "--format", "csv"],
+            capture_output=True, env={**os.environ, "DATABASE_URL": url}, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return list(csv.DictReader(io.StringIO(done.stdout.decode(), newline="")))
+
+    rows = {row["model"]: row for row in report("model")}
+    assert set(rows) == {"'=HYPERLINK(\"http://x\",\"y\")", "'+SUM(1+1)", "'-2+3",
+                         "'@SUM(A1)", "'\tx", "'\r=cmd", "-2"}
+    assert rows["-2"]["cost_usd"] == "-0.5" and rows["'@SUM(A1)"]["cost_usd"] == "0.25"
+    [row] = report("key")
+    assert (row["key_name"], row["subject"]) == ("'=key", "'+team")
+    assert row["cost_usd"] == "1" and row["requests"] == str(len(FORMULA_MODELS))
 
 
 def test_provider_keys_are_stored_encrypted_and_shown_masked(tmp_path: Path) -> None:

@@ -6,7 +6,9 @@ of each page go to the test's temporary directory (and, with SAVE_SCREENSHOTS_TO
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
 import os
 import random
 import time
@@ -248,6 +250,57 @@ def seed(database_url: str, keys: int, records: int) -> None:
     in_new_loop(work())
 
 
+# Model names as callers chose them: formulas a spreadsheet would run, and a name that
+# is a plain number, which stays as it is (as the report's own numbers do).
+HOSTILE_MODELS = ['=HYPERLINK("http://x","y")', "+cmd|' /C calc'!A0", "@SUM(A1:A9)",
+                  "-2+3", "\tindented", "-2", "safe-model"]
+
+
+def test_the_downloaded_csv_runs_no_formula(
+    browser: Any, admin_gw: AdminGateway,  # noqa: F811
+) -> None:
+    key, _ = new_key_record(name="=cmd", subject_id="team", now=time.time())
+
+    async def write() -> None:
+        store = open_store(admin_gw.settings.database_url)
+        await store.migrate()
+        await store.insert_key(key)
+        await store.write_usage([UsageRecord(
+            request_id=str(uuid.uuid4()), key_id=key.id, key_prefix=key.prefix,
+            subject_id=key.subject_id, adapter="asgi", endpoint="/chat/completions",
+            model=model, stream=False, status=200, started_at=time.time() - 60,
+            duration_ms=100.0, prompt_tokens=10, completion_tokens=5, total_tokens=15,
+            cost_usd=Decimal("0.25"),
+        ) for model in HOSTILE_MODELS])
+        await store.close()
+
+    in_new_loop(write())
+    if usage_report_function() is None:
+        pytest.skip("the billing reports are not there yet")
+    page = browser.new_page(viewport={"width": 1280, "height": 860})
+    sign_in(page, admin_gw)
+    open_page(page, admin_gw, "usage")
+    page.get_by_role("cell", name="safe-model").wait_for()
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Download CSV").click()
+    rows = list(csv.DictReader(io.StringIO(Path(download.value.path()).read_text())))
+    by_model = {row["model"]: row for row in rows}
+    assert set(by_model) == {
+        '\'=HYPERLINK("http://x","y")', "'+cmd|' /C calc'!A0", "'@SUM(A1:A9)", "'-2+3",
+        "'\tindented", "-2", "safe-model"}
+    assert all(not row["model"].startswith(("=", "+", "@", "\t")) for row in rows)
+    # The figures are numbers still, and the spreadsheet shows each name as it was.
+    assert {(row["requests"], row["cost_usd"]) for row in rows} == {("1", "0.25")}
+
+    # A key's name is the operator's, but text too: by key, the same.
+    page.get_by_label("Group by").select_option("key")
+    page.get_by_role("cell", name=f"=cmd ({key.prefix}").wait_for()
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Download CSV").click()
+    [row] = csv.DictReader(io.StringIO(Path(download.value.path()).read_text()))
+    assert row["key_name"] == "'=cmd" and row["requests"] == str(len(HOSTILE_MODELS))
+
+
 def test_the_overviews_reports_are_the_full_reports_cut_down(
     admin_gw: AdminGateway,  # noqa: F811
 ) -> None:
@@ -259,7 +312,7 @@ def test_the_overviews_reports_are_the_full_reports_cut_down(
     with httpx.Client(base_url=admin_gw.admin + "/admin/v1", headers=headers) as client:
         every = client.get("/usage", params={"by": "key"}).json()["rows"]
         top = client.get("/usage", params={"by": "key", "top": 5}).json()["rows"]
-        assert client.get("/usage", params={"by": "key", "top": 0}).status_code == 400
+        assert client.get("/usage", params={"by": "key", "top": 0}).status_code == 422
         plain = client.get("/usage", params={"by": "key", "latency": "false"}).json()["rows"]
     assert plain == [{**row, "latency_p50_ms": None, "latency_p95_ms": None} for row in every]
     assert all(row["latency_p50_ms"] is not None for row in every)

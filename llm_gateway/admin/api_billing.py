@@ -5,7 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Path, Query, Response
 
 from llm_gateway.admin import schemas
 from llm_gateway.admin.api_common import ERROR_RESPONSES, Service
@@ -14,6 +14,10 @@ from llm_gateway.admin.service import budget_fields, price_fields
 from llm_gateway.billing.model import BudgetScope
 
 router = APIRouter(prefix="/admin/v1", responses=ERROR_RESPONSES)
+
+# A key (by id or prefix) or a subject id: a subject's budget stores it.
+ScopeRef = Annotated[schemas.Name, Path(description="a key's id or prefix, or a subject id")]
+
 
 @router.get("/budgets", response_model=list[schemas.BudgetWithSpend],
             summary="Every budget, with what its key or subject spent today and this month")
@@ -25,20 +29,20 @@ async def list_budgets(
 
 @router.get("/budgets/{scope}/{scope_id}", response_model=schemas.Budget,
             summary="One budget: scope key (id or prefix) or subject")
-async def show_budget(scope: BudgetScope, scope_id: str, service: Service) -> dict[str, Any]:
+async def show_budget(scope: BudgetScope, scope_id: ScopeRef, service: Service) -> dict[str, Any]:
     return budget_fields(await service.budget(scope, scope_id))
 
 
 @router.put("/budgets/{scope}/{scope_id}", response_model=schemas.Budget,
             summary="Set a budget (every limit; one left out or null is no limit)")
-async def put_budget(scope: BudgetScope, scope_id: str, body: schemas.BudgetIn,
+async def put_budget(scope: BudgetScope, scope_id: ScopeRef, body: schemas.BudgetIn,
                      service: Service) -> dict[str, Any]:
     return budget_fields(await service.set_budget(scope, scope_id, body.model_dump()))
 
 
 @router.delete("/budgets/{scope}/{scope_id}", status_code=204, response_class=Response,
                summary="Remove a budget")
-async def delete_budget(scope: BudgetScope, scope_id: str, service: Service) -> Response:
+async def delete_budget(scope: BudgetScope, scope_id: ScopeRef, service: Service) -> Response:
     await service.delete_budget(scope, scope_id)
     return Response(status_code=204)
 
@@ -65,10 +69,12 @@ async def set_price(body: schemas.PriceIn, service: Service) -> dict[str, Any]:
             summary="Usage report: requests, tokens, cost, errors, latency per group")
 async def usage(
     service: Service,
-    by: Annotated[str, Query(description="key, subject, model, provider, day; "
+    by: Annotated[schemas.ShortText, Query(description="key, subject, model, provider, day; "
                                          "comma-separated for several (day,model)")] = "day",
-    since: Annotated[str | None, Query(description="ISO 8601 or Unix seconds")] = None,
-    until: Annotated[str | None, Query(description="ISO 8601 or Unix seconds")] = None,
+    since: Annotated[schemas.ShortText | None, Query(
+        description="ISO 8601 or Unix seconds")] = None,
+    until: Annotated[schemas.ShortText | None, Query(
+        description="ISO 8601 or Unix seconds")] = None,
     top: Annotated[int | None, Query(ge=1, le=10_000, description=(
         "only the N groups that cost most (most requests first among equal cost), "
         "highest first"))] = None,

@@ -19,10 +19,11 @@ from llm_gateway.stores.admin import AdminTokenRecord
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": description}
     for status, description in (
-        (400, "the request is malformed, or the change is refused (the message says why)"),
+        (400, "the body is not JSON, or the change is refused (the message says why)"),
         (401, "no admin token, a revoked or unknown one, or a gateway key"),
         (404, "no such key, budget, price, route or token"),
         (409, "the target's state forbids the change (e.g. a revoked key)"),
+        (422, "a value of the wrong type or out of its range (the message names the field)"),
         (503, "the store is not reachable"),
     )
 }

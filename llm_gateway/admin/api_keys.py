@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 
 from llm_gateway.admin import schemas
 from llm_gateway.admin.api_common import ERROR_RESPONSES, Service, Token, key_view
@@ -12,6 +12,10 @@ from llm_gateway.admin.service import event_fields, token_fields
 from llm_gateway.billing.model import BudgetScope
 
 router = APIRouter(prefix="/admin/v1", responses=ERROR_RESPONSES)
+
+# A key by its id or 12-character prefix; an admin token by its id or 13-character prefix.
+KeyRef = Annotated[schemas.Name, Path(description="the key's id or prefix")]
+TokenRef = Annotated[schemas.Name, Path(description="the admin token's id or prefix")]
 
 
 @router.get("/me", response_model=schemas.Me, summary="The admin token in use")
@@ -39,13 +43,13 @@ async def create_key(body: schemas.KeyCreate, service: Service) -> dict[str, Any
 
 @router.get("/keys/{key_id}", response_model=schemas.Key,
             summary="One key, by id or 12-character prefix")
-async def show_key(key_id: str, service: Service) -> dict[str, Any]:
+async def show_key(key_id: KeyRef, service: Service) -> dict[str, Any]:
     return key_view(await service.find_key(key_id))
 
 
 @router.patch("/keys/{key_id}", response_model=schemas.Key,
               summary="Change a key's name, subject, models, rate limit, expiry or budget")
-async def update_key(key_id: str, body: schemas.KeyUpdate, service: Service) -> dict[str, Any]:
+async def update_key(key_id: KeyRef, body: schemas.KeyUpdate, service: Service) -> dict[str, Any]:
     fields = body.model_dump(exclude_unset=True, exclude={"budget"})
     record = await service.update_key(key_id, fields)
     if "budget" in body.model_fields_set:
@@ -60,25 +64,25 @@ async def update_key(key_id: str, body: schemas.KeyUpdate, service: Service) -> 
 
 @router.post("/keys/{key_id}/disable", response_model=schemas.Key,
              summary="Refuse the key until it is enabled again (reversible)")
-async def disable_key(key_id: str, service: Service) -> dict[str, Any]:
+async def disable_key(key_id: KeyRef, service: Service) -> dict[str, Any]:
     return key_view(await service.set_key_enabled(key_id, False))
 
 
 @router.post("/keys/{key_id}/enable", response_model=schemas.Key,
              summary="Accept a disabled key again (never a revoked one)")
-async def enable_key(key_id: str, service: Service) -> dict[str, Any]:
+async def enable_key(key_id: KeyRef, service: Service) -> dict[str, Any]:
     return key_view(await service.set_key_enabled(key_id, True))
 
 
 @router.post("/keys/{key_id}/revoke", response_model=schemas.Key,
              summary="Refuse the key for good")
-async def revoke_key(key_id: str, service: Service) -> dict[str, Any]:
+async def revoke_key(key_id: KeyRef, service: Service) -> dict[str, Any]:
     return key_view(await service.revoke_key(key_id))
 
 
 @router.post("/keys/{key_id}/rotate", response_model=schemas.KeyCreated, status_code=201,
              summary="A new key with the same settings; the old one is revoked")
-async def rotate_key(key_id: str, service: Service) -> dict[str, Any]:
+async def rotate_key(key_id: KeyRef, service: Service) -> dict[str, Any]:
     record, key = await service.rotate_key(key_id)
     return {**key_view(record), "key": key}
 
@@ -109,7 +113,7 @@ async def create_admin_token(body: schemas.AdminTokenCreate, service: Service) -
 
 @router.post("/admin-tokens/{token_id}/revoke", response_model=schemas.AdminToken,
              summary="Revoke an admin token, by id or 13-character prefix")
-async def revoke_admin_token(token_id: str, service: Service) -> dict[str, Any]:
+async def revoke_admin_token(token_id: TokenRef, service: Service) -> dict[str, Any]:
     return token_fields(await service.revoke_admin_token(token_id))
 
 
@@ -118,8 +122,9 @@ async def revoke_admin_token(token_id: str, service: Service) -> dict[str, Any]:
 async def audit(
     service: Service,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    before: Annotated[float | None, Query(description="Unix seconds: events older")] = None,
-    target: Annotated[str | None, Query(description="e.g. key:llmg_AbC1234")] = None,
+    before: Annotated[schemas.UnixSeconds | None, Query(
+        strict=False, description="Unix seconds: events older")] = None,
+    target: Annotated[schemas.LongText | None, Query(description="e.g. key:llmg_AbC1234")] = None,
 ) -> list[dict[str, Any]]:
     events = await service.audit_events(limit=limit, before=before, target=target)
     return [event_fields(event) for event in events]

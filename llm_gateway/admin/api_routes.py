@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Path, Query, Response
 
 from llm_gateway.admin import schemas
 from llm_gateway.admin.api_common import ERROR_RESPONSES, Service
 from llm_gateway.stores.admin import RouteVersion
 
 router = APIRouter(prefix="/admin/v1", responses=ERROR_RESPONSES)
+
+ProviderName = Annotated[schemas.Name, Path(description="the provider's name in the routes")]
 
 
 def _version_view(version: RouteVersion) -> dict[str, Any]:
@@ -54,13 +56,13 @@ async def provider_keys(service: Service) -> list[dict[str, Any]]:
 
 @router.put("/provider-keys/{name}", response_model=schemas.ProviderKey,
             summary="Store a provider's key, encrypted under LLM_GATEWAY_SECRET_KEY")
-async def set_provider_key(name: str, body: schemas.ProviderKeyIn,
+async def set_provider_key(name: ProviderName, body: schemas.ProviderKeyIn,
                            service: Service) -> dict[str, Any]:
     return await service.set_provider_key(name, body.key)
 
 
 @router.delete("/provider-keys/{name}", status_code=204, response_class=Response,
                summary="Remove a stored provider key")
-async def delete_provider_key(name: str, service: Service) -> Response:
+async def delete_provider_key(name: ProviderName, service: Service) -> Response:
     await service.delete_provider_key(name)
     return Response(status_code=204)

@@ -3,6 +3,7 @@ becomes an audit event (changed fields only, secrets masked)."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import uuid
@@ -22,6 +23,23 @@ if TYPE_CHECKING:
 # Fields whose values are secrets wherever they appear in an audit event.
 SECRET_FIELDS = frozenset({"key", "token", "api_key", "secret"})
 
+# What the store's columns hold (llm_gateway/stores/migrations.py), so that a value the
+# admin plane accepts is one both stores can keep: Postgres INTEGER is 32 bits (rate
+# limits, max_output_tokens, route versions); its BIGINT and every SQLite INTEGER 64 bits.
+INTEGER_MAX = 2**31 - 1
+BIGINT_MAX = 2**63 - 1
+# The last second a datetime (every report, the CLI's tables) can show, 9999-12-31T23:59:59Z;
+# Postgres TIMESTAMPTZ goes further. Before 1970 is no time a key expires or a price starts.
+UNIX_SECONDS_MAX = 253_402_300_799.0
+# A rate limit's window: a month at most (a longer span is a budget's, which resets by
+# the calendar).
+WINDOW_SECONDS_MAX = 31 * 86_400
+# Money, at the stored precision of 1e-10 USD: the budget ledger counts it in those units
+# in a BIGINT, which holds 922 337 203 USD; eight digits before the point stay under that.
+MONEY_INTEGER_DIGITS = 8
+MONEY_DECIMAL_DIGITS = 10
+MONEY_MAX = Decimal(10) ** MONEY_INTEGER_DIGITS - Decimal(10) ** -MONEY_DECIMAL_DIGITS
+
 
 class AdminError(Exception):
     """A change the service refuses; str() is the one-line reason for the operator."""
@@ -32,6 +50,14 @@ class AdminError(Exception):
 
 class Invalid(AdminError):
     pass
+
+
+class Unprocessable(Invalid):
+    """A value of the wrong type, or out of the range its column holds: 422, as the admin
+    API answers every request its schemas refuse (the body was JSON, its values are not
+    what they must be)."""
+
+    status = 422
 
 
 class NotFound(AdminError):
@@ -51,6 +77,24 @@ class NotConfigured(AdminError):
 
     status = 409
     code = "not_configured"
+
+
+def whole_number(value: Any, what: str, minimum: int, maximum: int) -> int:
+    """``value`` when it is an int (never a bool) from ``minimum`` to ``maximum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise Unprocessable(f"{what}: expected a whole number from {minimum} to {maximum}, "
+                      f"got {value!r}")
+    return value
+
+
+def unix_seconds(value: Any, what: str) -> float:
+    """``value`` as Unix seconds when it is a finite number (never a bool) from 0 to
+    9999-12-31T23:59:59Z."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            math.isfinite(value) and 0 <= value <= UNIX_SECONDS_MAX):
+        raise Unprocessable(f"{what}: expected Unix seconds from 0 to {UNIX_SECONDS_MAX:.0f} "
+                      f"(9999-12-31T23:59:59Z), got {value!r}")
+    return float(value)
 
 
 def masked(fields: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -107,18 +151,19 @@ def parse_time(text: str | float | int, what: str = "time") -> float:
     """Unix seconds from an ISO 8601 date or date-time (UTC unless it says otherwise) or
     from a number of Unix seconds."""
     if isinstance(text, int | float) and not isinstance(text, bool):
-        return float(text)
+        return unix_seconds(text, what)
     raw = str(text).strip()
     try:
-        return float(raw)
+        return unix_seconds(float(raw), what)
     except ValueError:
         pass
     try:
         moment = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        raise Invalid(f"{what}: expected ISO 8601 (2025-01-31 or 2025-01-31T12:00:00Z) "
+        seconds = (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+    except (ValueError, OverflowError):  # OverflowError: 9999-12-31T23:59-01:00 is in 10000
+        raise Unprocessable(f"{what}: expected ISO 8601 (2025-01-31 or 2025-01-31T12:00:00Z) "
                       f"or Unix seconds, got {raw!r}") from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+    return unix_seconds(seconds, what)
 
 
 def day_start(now: float) -> float:

@@ -3,17 +3,139 @@
 
 Money is a decimal string both ways (``"0.15"``): a JSON number would be a float, and a
 float has already rounded the amount. Times are Unix seconds, as in the CLI's JSON.
+
+What a request may carry is said once, by the types below, and every model and route
+parameter uses them: an integer is a JSON integer (never ``true``, ``2.0`` or ``"2"``) within
+what its column holds; a time is a finite number of Unix seconds; text is printable (the
+gateway's rule for caller strings) and of a bounded length. A value outside them is
+answered 400, never stored.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-MONEY_PATTERN = r"^\d+(\.\d+)?$"
-Money = str
+from llm_gateway import caller_text
+from llm_gateway.admin.common import (
+    BIGINT_MAX,
+    INTEGER_MAX,
+    MONEY_DECIMAL_DIGITS,
+    MONEY_INTEGER_DIGITS,
+    UNIX_SECONDS_MAX,
+    WINDOW_SECONDS_MAX,
+)
+
 KeyState = Literal["active", "disabled", "revoked", "expired"]
+Money = str  # in answers
+
+# ---- what a request may carry -----------------------------------------------------------
+
+# The one integer type: strict, within 64 bits; each use narrows it to its column.
+WholeNumber = Annotated[int, Field(strict=True, ge=-BIGINT_MAX - 1, le=BIGINT_MAX)]
+PositiveInteger = Annotated[WholeNumber, Field(
+    ge=1, le=INTEGER_MAX, description=f"1 to {INTEGER_MAX} (a Postgres INTEGER)")]
+TokenCount = Annotated[WholeNumber, Field(
+    ge=0, le=BIGINT_MAX, description=f"0 to {BIGINT_MAX} tokens (a BIGINT)")]
+TokenRate = Annotated[WholeNumber, Field(
+    ge=1, le=BIGINT_MAX, description=f"1 to {BIGINT_MAX} tokens a minute (a BIGINT)")]
+WindowSeconds = Annotated[WholeNumber, Field(
+    ge=1, le=WINDOW_SECONDS_MAX, description=f"1 to {WINDOW_SECONDS_MAX} seconds (31 days)")]
+UnixSeconds = Annotated[float, Field(
+    strict=True, allow_inf_nan=False, ge=0, le=UNIX_SECONDS_MAX,
+    description=f"Unix seconds, 0 to {UNIX_SECONDS_MAX:.0f} (9999-12-31T23:59:59Z)")]
+
+# The one text type: the gateway's rule for any string it stores, logs or shows
+# (llm_gateway.caller_text): valid Unicode (no lone surrogate: what is stored is UTF-8), no
+# control characters (C0, DEL, C1: Postgres refuses NUL, a terminal runs ESC), no format
+# characters (bidirectional overrides, zero-width) and no line or paragraph separators.
+# The pattern is the part of it a JSON Schema can state (clients and schemathesis read it);
+# the validator is the whole rule. Each use bounds the length.
+ADMITTED_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+NAME_MAX_LENGTH = 200
+SHORT_TEXT_MAX_LENGTH = 64
+LONG_TEXT_MAX_LENGTH = 500
+SECRET_MAX_LENGTH = 4096
+ENTRY_TEXT_MAX_LENGTH = 4096
+ALLOWED_MODELS_MAX = 1000
+_PRINTABLE = "printable text (no control, format or separator characters)"
+
+
+def _refusal(text: str, limit: int) -> str | None:
+    """Why ``text`` is no admitted text, as a clause (``holds a control character
+    (U+0000); ...``), or None."""
+    problem = caller_text.refusal("text", text, limit)
+    return None if problem is None else problem.removeprefix("'text' ")
+
+
+def _admitted(text: str) -> str:
+    if (problem := _refusal(text, len(text))) is not None:  # the length is the Field's
+        raise ValueError(problem)
+    return text
+
+
+AdmittedText = Annotated[str, Field(pattern=ADMITTED_PATTERN), AfterValidator(_admitted)]
+Name = Annotated[AdmittedText, Field(
+    min_length=1, max_length=NAME_MAX_LENGTH,
+    description=f"1 to {NAME_MAX_LENGTH} characters of {_PRINTABLE}")]
+ShortText = Annotated[AdmittedText, Field(
+    min_length=1, max_length=SHORT_TEXT_MAX_LENGTH,
+    description=f"1 to {SHORT_TEXT_MAX_LENGTH} characters of {_PRINTABLE}")]
+LongText = Annotated[AdmittedText, Field(
+    max_length=LONG_TEXT_MAX_LENGTH,
+    description=f"at most {LONG_TEXT_MAX_LENGTH} characters of {_PRINTABLE}")]
+SecretText = Annotated[AdmittedText, Field(
+    min_length=1, max_length=SECRET_MAX_LENGTH,
+    description=f"1 to {SECRET_MAX_LENGTH} characters of {_PRINTABLE}")]
+
+# Money in: the stored precision (1e-10 USD) and no more than the budget ledger counts.
+MONEY_PATTERN = (rf"^[0-9]{{1,{MONEY_INTEGER_DIGITS}}}"
+                 rf"(\.[0-9]{{1,{MONEY_DECIMAL_DIGITS}}})?$")
+MONEY_RULE = (f"USD as a decimal string such as \"0.15\": at most {MONEY_INTEGER_DIGITS} "
+              f"digits before the point and {MONEY_DECIMAL_DIGITS} after")
+MoneyIn = Annotated[str, Field(pattern=MONEY_PATTERN, description=MONEY_RULE)]
+
+# A routes entry is free-form JSON (the routing parser judges its meaning), but what it
+# holds is stored too: the same text rule, numbers a store and JSON can keep.
+ENTRY_MAX_DEPTH = 16
+
+
+def _admitted_json(value: Any, where: str = "", depth: int = 0) -> None:
+    """Raises ValueError naming where in the document (``targets[0].model``) it fails."""
+    at = f"{where}: " if where else ""
+    if depth > ENTRY_MAX_DEPTH:
+        raise ValueError(f"{at}nested deeper than {ENTRY_MAX_DEPTH} levels")
+    if isinstance(value, str):
+        if (problem := _refusal(value, ENTRY_TEXT_MAX_LENGTH)) is not None:
+            raise ValueError(f"{at}{problem}")
+    elif isinstance(value, bool) or value is None:
+        pass
+    elif isinstance(value, int):
+        if not -BIGINT_MAX - 1 <= value <= BIGINT_MAX:
+            raise ValueError(f"{at}an integer beyond 64 bits")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{at}not a finite number")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _admitted_json(item, f"{where}[{index}]", depth + 1)
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            _admitted_json(name, f"{where} (a name)" if where else "a name", depth + 1)
+            _admitted_json(item, f"{where}.{name}" if where else str(name), depth + 1)
+    else:
+        raise ValueError(f"{at}not JSON")
+
+
+def _admitted_entry(entry: dict[str, Any] | None) -> dict[str, Any] | None:
+    if entry is not None:
+        _admitted_json(entry)
+    return entry
+
+
+RouteEntry = Annotated[dict[str, Any] | None, AfterValidator(_admitted_entry)]
 
 
 class ErrorDetail(BaseModel):
@@ -57,24 +179,26 @@ class KeyCreated(Key):
 
 class KeyCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=200)
-    subject_id: str | None = Field(default=None, min_length=1, max_length=200)
-    rate_limit_requests: int = Field(default=60, gt=0)
-    rate_limit_window_seconds: int = Field(default=60, gt=0)
-    allowed_models: list[str] = Field(default_factory=list)
-    expires_at: float | None = None
+    name: Name
+    subject_id: Name | None = Field(default=None, description="default: the key's name")
+    rate_limit_requests: PositiveInteger = 60
+    rate_limit_window_seconds: WindowSeconds = 60
+    allowed_models: list[Name] = Field(
+        default_factory=list, max_length=ALLOWED_MODELS_MAX,
+        description=f"at most {ALLOWED_MODELS_MAX} model names; none: every model")
+    expires_at: UnixSeconds | None = None
 
 
 class BudgetIn(BaseModel):
     """A budget's limits; a field left out or null is no limit of that kind."""
 
     model_config = ConfigDict(extra="forbid")
-    daily_usd: Money | None = Field(default=None, pattern=MONEY_PATTERN)
-    monthly_usd: Money | None = Field(default=None, pattern=MONEY_PATTERN)
-    daily_tokens: int | None = Field(default=None, ge=0)
-    monthly_tokens: int | None = Field(default=None, ge=0)
-    tokens_per_minute: int | None = Field(default=None, gt=0)
-    max_output_tokens: int | None = Field(default=None, gt=0)
+    daily_usd: MoneyIn | None = None
+    monthly_usd: MoneyIn | None = None
+    daily_tokens: TokenCount | None = None
+    monthly_tokens: TokenCount | None = None
+    tokens_per_minute: TokenRate | None = None
+    max_output_tokens: PositiveInteger | None = None
     over_cap: Literal["clamp", "reject"] = "clamp"
     stop_streams_at_budget: bool = False
 
@@ -83,12 +207,14 @@ class KeyUpdate(BaseModel):
     """Only the fields sent change. ``budget`` replaces the key's own budget."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str | None = Field(default=None, min_length=1, max_length=200)
-    subject_id: str | None = Field(default=None, min_length=1, max_length=200)
-    rate_limit_requests: int | None = Field(default=None, gt=0)
-    rate_limit_window_seconds: int | None = Field(default=None, gt=0)
-    allowed_models: list[str] | None = None
-    expires_at: float | None = None
+    name: Name | None = None
+    subject_id: Name | None = None
+    rate_limit_requests: PositiveInteger | None = None
+    rate_limit_window_seconds: WindowSeconds | None = None
+    allowed_models: list[Name] | None = Field(
+        default=None, max_length=ALLOWED_MODELS_MAX,
+        description=f"at most {ALLOWED_MODELS_MAX} model names; empty: every model")
+    expires_at: UnixSeconds | None = None
     budget: BudgetIn | None = None
 
 
@@ -128,12 +254,12 @@ class Subject(BaseModel):
 
 class PriceIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    provider: str = Field(min_length=1)
-    model: str = Field(min_length=1)
-    input_per_mtok: Money = Field(pattern=MONEY_PATTERN, description="USD per million tokens")
-    output_per_mtok: Money = Field(pattern=MONEY_PATTERN)
-    cached_input_per_mtok: Money | None = Field(default=None, pattern=MONEY_PATTERN)
-    effective_from: str | float | None = Field(
+    provider: Name
+    model: Name
+    input_per_mtok: MoneyIn = Field(description="USD per million tokens")
+    output_per_mtok: MoneyIn
+    cached_input_per_mtok: MoneyIn | None = None
+    effective_from: ShortText | UnixSeconds | None = Field(
         default=None, description="ISO 8601 or Unix seconds; default: now")
 
 
@@ -184,7 +310,7 @@ class AuditEvent(BaseModel):
 
 class AdminTokenCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=200)
+    name: Name
 
 
 class AdminToken(BaseModel):
@@ -208,15 +334,15 @@ class RouteChange(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     kind: Literal["provider", "model"]
-    name: str = Field(min_length=1)
-    entry: dict[str, Any] | None
-    note: str = ""
+    name: Name
+    entry: RouteEntry
+    note: LongText = ""
 
 
 class RouteRollback(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    version: int = Field(ge=1)
-    note: str = ""
+    version: PositiveInteger
+    note: LongText = ""
 
 
 class RouteVersion(BaseModel):
@@ -269,7 +395,7 @@ class RoutesView(BaseModel):
 
 class ProviderKeyIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    key: str = Field(min_length=1)
+    key: SecretText
 
 
 class ProviderKey(BaseModel):

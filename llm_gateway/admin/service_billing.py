@@ -16,9 +16,13 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from llm_gateway.admin.common import (
+    BIGINT_MAX,
+    INTEGER_MAX,
+    MONEY_MAX,
     Invalid,
     NotFound,
     ServiceBase,
+    Unprocessable,
     changed,
     day_start,
     jsonable,
@@ -26,6 +30,7 @@ from llm_gateway.admin.common import (
     key_state,
     money_text,
     month_start,
+    whole_number,
 )
 from llm_gateway.billing.model import Budget, BudgetScope, OverCap, Price, money
 from llm_gateway.keys import KeyRecord
@@ -34,20 +39,24 @@ REPORT_GROUPS = ("key", "subject", "model", "provider", "day")
 BUDGET_FIELDS = ("daily_usd", "monthly_usd", "daily_tokens", "monthly_tokens",
                  "tokens_per_minute", "max_output_tokens", "over_cap", "stop_streams_at_budget")
 _USD_FIELDS = ("daily_usd", "monthly_usd")
-_COUNT_FIELDS = ("daily_tokens", "monthly_tokens", "tokens_per_minute", "max_output_tokens")
+# Each count's (least, greatest): 0 is a limit of tokens (none may be spent) but no rate or
+# cap; the greatest is what its Postgres column holds (max_output_tokens is INTEGER).
+_COUNT_BOUNDS = {"daily_tokens": (0, BIGINT_MAX), "monthly_tokens": (0, BIGINT_MAX),
+                 "tokens_per_minute": (1, BIGINT_MAX), "max_output_tokens": (1, INTEGER_MAX)}
 
 
 def parse_money(value: Any, what: str) -> Decimal:
     """A non-negative USD amount from text (or an int); a float is refused: it is already
     rounded by the time it arrives."""
     if isinstance(value, float | bool):
-        raise Invalid(f"{what}: give money as a decimal string such as \"0.15\", not {value!r}")
+        raise Unprocessable(
+            f"{what}: give money as a decimal string such as \"0.15\", not {value!r}")
     try:
         amount = Decimal(str(value).strip())
     except InvalidOperation:
-        raise Invalid(f"{what}: expected a decimal amount, got {value!r}") from None
-    if not amount.is_finite() or amount < 0:
-        raise Invalid(f"{what}: must be a finite amount >= 0, got {value!r}")
+        raise Unprocessable(f"{what}: expected a decimal amount, got {value!r}") from None
+    if not amount.is_finite() or not 0 <= amount <= MONEY_MAX:
+        raise Unprocessable(f"{what}: must be an amount from 0 to {MONEY_MAX}, got {value!r}")
     return money(amount)
 
 
@@ -71,12 +80,11 @@ def _budget_value(name: str, value: Any) -> Any:
         return None
     if name in _USD_FIELDS:
         return parse_money(value, name)
-    if name in _COUNT_FIELDS:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise Invalid(f"{name}: expected a whole number >= 0, got {value!r}")
-        if value == 0 and name in ("tokens_per_minute", "max_output_tokens"):
+    if name in _COUNT_BOUNDS:
+        least, greatest = _COUNT_BOUNDS[name]
+        if type(value) is int and value == 0 < least:
             raise Invalid(f"{name}: must be > 0 (leave it unset for no limit)")
-        return value
+        return whole_number(value, name, least, greatest)
     if name == "over_cap":
         try:
             return OverCap(str(value))

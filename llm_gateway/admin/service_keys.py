@@ -8,7 +8,18 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from llm_gateway.admin.common import Conflict, Invalid, NotFound, ServiceBase, changed, key_fields
+from llm_gateway.admin.common import (
+    INTEGER_MAX,
+    WINDOW_SECONDS_MAX,
+    Conflict,
+    Invalid,
+    NotFound,
+    ServiceBase,
+    changed,
+    key_fields,
+    unix_seconds,
+    whole_number,
+)
 from llm_gateway.billing.model import BudgetScope
 from llm_gateway.keys import DEFAULT_RATE_LIMIT, KeyRecord, new_key_record
 
@@ -28,10 +39,13 @@ def _check_key_fields(fields: Mapping[str, Any]) -> None:
         raise Invalid("a key needs a name")
     if "subject_id" in fields and not str(fields["subject_id"] or "").strip():
         raise Invalid("a key's subject cannot be empty")
-    for name in ("rate_limit_requests", "rate_limit_window_seconds"):
-        value = fields.get(name, 1)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise Invalid(f"{name} must be a whole number > 0, got {value!r}")
+    if "rate_limit_requests" in fields:
+        whole_number(fields["rate_limit_requests"], "rate_limit_requests", 1, INTEGER_MAX)
+    if "rate_limit_window_seconds" in fields:
+        whole_number(fields["rate_limit_window_seconds"], "rate_limit_window_seconds", 1,
+                     WINDOW_SECONDS_MAX)
+    if fields.get("expires_at") is not None:
+        unix_seconds(fields["expires_at"], "expires_at")
 
 
 class KeyOps(ServiceBase):
@@ -42,7 +56,7 @@ class KeyOps(ServiceBase):
     ) -> tuple[KeyRecord, str]:
         """A new key; the plaintext is returned here and nowhere else, ever."""
         _check_key_fields({"name": name, "rate_limit_requests": rate_limit[0],
-                           "rate_limit_window_seconds": rate_limit[1],
+                           "rate_limit_window_seconds": rate_limit[1], "expires_at": expires_at,
                            **({"subject_id": subject_id} if subject_id is not None else {})})
         record, key = new_key_record(
             name=name, subject_id=subject_id, now=self.clock(),

@@ -14,7 +14,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from llm_gateway.admin.common import Invalid, NotConfigured, NotFound, ServiceBase
+from llm_gateway.admin.common import (
+    INTEGER_MAX,
+    Invalid,
+    NotConfigured,
+    NotFound,
+    ServiceBase,
+    whole_number,
+)
 from llm_gateway.crypto import (
     CannotDecrypt,
     SecretBox,
@@ -128,7 +135,7 @@ class RouteOps(ServiceBase):
                                 f"route:{kind}:{name}", {name: before}, {name: entry}, note)
 
     async def rollback_routes(self, version: int, note: str = "") -> RouteVersion:
-        old = await self.store.route_version(version)
+        old = await self.store.route_version(whole_number(version, "version", 1, INTEGER_MAX))
         if old is None:
             raise NotFound(f"no routes version {version}")
         latest, _ = await self._overlay()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -17,6 +18,12 @@ GROUPS = ("key", "subject", "model", "provider", "day")
 MONEY_UNITS = Decimal(10) ** 10  # SQLite keeps money as integer counts of 1e-10 USD
 METRICS = ("requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens",
            "cost_usd", "provider_cost_usd", "latency_p50_ms", "latency_p95_ms")
+
+
+# A spreadsheet runs a cell that starts with one of these as a formula (=HYPERLINK(...),
+# +cmd|...): report text is caller-chosen (a model's name is what the request said).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+_PLAIN_NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?")
 
 
 class ReportError(ValueError):
@@ -148,15 +155,31 @@ def render(report: list[dict[str, Any]], output: str) -> str:
     columns = list(report[0]) if report else [*METRICS]
     if output == "csv":
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
+        # RFC 4180's CRLF: the csv module quotes a cell holding a character of its line
+        # terminator, so a CR in a name cannot end the row early (and start a formula).
+        writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\r\n")
         writer.writeheader()
-        writer.writerows(report)
+        writer.writerows({name: csv_cell(value) for name, value in row.items()}
+                         for row in report)
         return buffer.getvalue()
     widths = {c: max(len(c), *(len(_cell(row.get(c))) for row in report)) if report else len(c)
               for c in columns}
     lines = ["  ".join(c.upper().ljust(widths[c]) for c in columns)]
     lines += ["  ".join(_cell(row.get(c)).ljust(widths[c]) for c in columns) for row in report]
     return "\n".join(lines)
+
+
+def csv_cell(value: Any) -> Any:
+    """``value`` as a CSV cell no spreadsheet runs: text that starts as a formula gets a
+    leading ``'`` (OWASP's advice for CSV injection), shown by the spreadsheet as the text
+    it was. A number, and text that is a plain number (money is written as text, and a
+    negative amount must stay a number), stays as it is."""
+    if value is None or isinstance(value, int | float):
+        return value
+    text = str(value)
+    if text.startswith(FORMULA_STARTS) and not _PLAIN_NUMBER.fullmatch(text):
+        return "'" + text
+    return text
 
 
 def _cell(value: Any) -> str:

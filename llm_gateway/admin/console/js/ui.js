@@ -257,13 +257,24 @@ export function pagedTable(columns, rows, { caption, limit = 100 } = {}) {
   };
 }
 
+// A spreadsheet runs a cell that starts with = + - @, a tab or a CR as a formula, and
+// report text is caller-chosen (a model's name is what a request said): such a cell gets
+// a leading ' (OWASP's advice), unless it is a plain number (money is text in reports).
+// As `llm-gateway usage report --format csv` writes it (llm_gateway/billing/reports.py).
+const FORMULA_START = /^[=+\-@\t\r]/;
+const PLAIN_NUMBER = /^-?[0-9]+(\.[0-9]+)?$/;
+
+function csvCell(v) {
+  if (v === null || v === undefined) return "";
+  const text = String(v);
+  const neutral = typeof v !== "number" && FORMULA_START.test(text) && !PLAIN_NUMBER.test(text) ? `'${text}` : text;
+  // Quoted when it holds a separator, a quote or a line break (a CR too: it could end the row).
+  return /[",\r\n]/.test(neutral) ? `"${neutral.replace(/"/g, '""')}"` : neutral;
+}
+
 export function downloadCsv(filename, columns, rows) {
-  const quote = (v) => {
-    const text = v === null || v === undefined ? "" : String(v);
-    return /[",\n]/.test(text) ? `"${text.replace(/"/g, '""')}"` : text;
-  };
-  const lines = [columns.map(quote).join(","), ...rows.map((r) => columns.map((c) => quote(r[c])).join(","))];
-  const url = URL.createObjectURL(new Blob([lines.join("\n") + "\n"], { type: "text/csv" }));
+  const lines = [columns.map(csvCell).join(","), ...rows.map((r) => columns.map((c) => csvCell(r[c])).join(","))];
+  const url = URL.createObjectURL(new Blob([lines.join("\r\n") + "\r\n"], { type: "text/csv" }));
   const link = h("a", { href: url, download: filename, class: "visually-hidden" }, "download");
   document.body.append(link);
   link.click();
