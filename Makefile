@@ -14,13 +14,15 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/llm-gateway demo
 
-# One pytest worker per core (TEST_WORKERS=0 runs them in this process, for pdb).
+# One pytest worker per core (TEST_WORKERS=0 runs them in this process, for pdb);
+# PYTEST_ARGS: more of pytest's options (.ci/run's second pass: -m 'not slow_once').
 TEST_WORKERS ?= auto
+PYTEST_ARGS ?=
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist worksteal
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # The whole comparison (several minutes): table on stdout, JSON + PNG in bench/results/.
 bench: $(STAMP)

@@ -88,7 +88,7 @@ class Surface:
         head = [f"{method} {request_target} HTTP/1.1", f"host: {target.netloc}",
                 f"content-length: {len(body)}"]
         head += [f"{name}: {value}" for name, value in headers.items()]
-        raw = ("\r\n".join(head) + "\r\n\r\n").encode("utf-8", "surrogateescape") + body
+        raw = ("\r\n".join(head) + "\r\n\r\n").encode("utf-8", "surrogatepass") + body
         address = self.proxy or (target.hostname or "", target.port or 80)
         with socket.create_connection(address, timeout=20) as sock:
             sock.sendall(raw)
@@ -101,7 +101,7 @@ class Surface:
         transport = GatewayTransport(self.gateway, key=key)
         with httpx.Client(transport=transport, base_url="http://llm-gateway") as client:
             response = client.request(method, self.api + path, content=body,
-                                      headers={k: v.encode("utf-8", "surrogateescape")
+                                      headers={k: v.encode("utf-8", "surrogatepass")
                                                for k, v in headers.items()})
             content = response.read()
         lines = [f"HTTP/1.1 {response.status_code}".encode()]

@@ -6,6 +6,7 @@ they had streamed to the client. Both failed on the tree before."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,6 +24,9 @@ from llm_gateway.testing.fake_upstream import FakeUpstream
 from tests.billing_support import set_budget, set_price
 from tests.support import BIN, create_key, free_port, usage_records, wait_until_up
 from tests.surfaces import SURFACES, Surface, surface, wait_until
+
+# Each sets up its own backends: one pass of the suite runs it (.ci/run).
+pytestmark = pytest.mark.slow_once
 
 # $1 000 per million output tokens: a token is a tenth of a cent, a budget of $1 pays 1 000.
 PRICE = ("0", "1000")
@@ -154,10 +158,8 @@ def test_a_killed_gateway_leaves_nothing_reserved_and_its_streams_metered(
         process.wait()
     finally:
         for stream, _ in streams:
-            try:
+            with contextlib.suppress(httpx.HTTPError):
                 stream.__exit__(None, None, None)
-            except httpx.HTTPError:
-                pass
         client.close()
     restarted = start()  # replays the spool: settles what the killed one held
     try:
@@ -168,7 +170,7 @@ def test_a_killed_gateway_leaves_nothing_reserved_and_its_streams_metered(
         restarted.terminate()
         restarted.wait(10)
     rows = usage_records(database_url)
-    assert {row.error_code for row in rows} == {"gateway_interrupted"}, [(r.error_code, r.duration_ms, r.completion_tokens, r.error_message) for r in rows]
+    assert {row.error_code for row in rows} == {"gateway_interrupted"}
     for row in rows:
         # Two and a half seconds of a chunk every 100 ms: well past the first progress line.
         assert row.tokens_estimated and row.completion_tokens > 5

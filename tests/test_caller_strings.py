@@ -19,6 +19,9 @@ from tests.billing_support import set_budget
 from tests.support import create_key
 from tests.surfaces import SURFACES, RawAnswer, Surface, surface, wait_until
 
+# Each sets up its own backends: one pass of the suite runs it (.ci/run).
+pytestmark = pytest.mark.slow_once
+
 SPLITTING = ("evil\r\nSet-Cookie: session=attacker\r\nContent-Length: 0\r\n\r\n"
              "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\npwned")
 KINDS = {

@@ -28,6 +28,9 @@ from tests.billing_support import set_budget, set_price
 from tests.support import create_key
 from tests.surfaces import SURFACES, Surface, surface, wait_until
 
+# Each sets up its own backends: one pass of the suite runs it (.ci/run).
+pytestmark = pytest.mark.slow_once
+
 # (where, what, the kinds of request it is on the path of)
 STEPS = [
     (Gateway, "_limits", "json stream"),
