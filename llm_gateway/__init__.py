@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from llm_gateway.config import Settings, load_settings
     from llm_gateway.engine import Gateway
-    from llm_gateway.messages import IncomingRequest
+    from llm_gateway.http_types import IncomingRequest
     from llm_gateway.wiring import build_gateway
 
 __all__ = ["Gateway", "GatewayError", "IncomingRequest", "Settings", "acting_as",
@@ -20,7 +20,7 @@ __all__ = ["Gateway", "GatewayError", "IncomingRequest", "Settings", "acting_as"
 
 _HOMES = {
     "Gateway": "llm_gateway.engine",
-    "IncomingRequest": "llm_gateway.messages",
+    "IncomingRequest": "llm_gateway.http_types",
     "Settings": "llm_gateway.config",
     "load_settings": "llm_gateway.config",
     "build_gateway": "llm_gateway.wiring",

@@ -3,32 +3,35 @@
 Adapters translate their own request objects into an ``IncomingRequest`` and call
 ``Gateway.admit``. The answer is a ``Rejection`` (answer it; nothing reaches an upstream)
 or an ``Exchange``, the admitted request's state. ``Gateway.respond`` sends it and gives
-the client's response (streams stay streams); an adapter that forwards on its own (the
-sidecar, for streams) reads from the exchange what to send and tells it what came back.
-``Exchange.finish`` runs exactly once per admitted request and hands the usage record to
-every record sink: the durable writer, telemetry, and whoever else subscribed.
+the client's response (streams stay streams). The adapter writes it and says when it is
+done (``GatewayResponse.close``: written, or the client left) or that the answer will
+never be asked for (``Gateway.abandon``); finishing is the engine's (``finishing.py``):
+exactly one usage record per admitted request, handed to every record sink.
 
-The engine's own failures are answers too, mapped here for every adapter: ``admit`` and
-``respond`` answer the 500 ``gateway_error`` (in a stream under way: an in-band error
-event) rather than raise. Every answer carries ``x-request-id`` and ``x-trace-id``.
+What differs between the APIs callers speak (the body's fields, the prompt's size, the
+output cap, error shapes, how a stream ends, where usage is) is the endpoint's client
+protocol's (``protocols/``); the engine holds every rule once and asks it.
+
+The engine's own failures are answers too: ``admit`` and ``respond`` answer the 500
+``gateway_error`` (in a stream: in band) rather than raise. Every answer carries
+``x-request-id`` and ``x-trace-id``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import random
 from collections.abc import AsyncIterator, Coroutine
-from decimal import Decimal
 from typing import Any
 
 from llm_gateway import caller_text, errors
 from llm_gateway.auth import Authenticator
 from llm_gateway.billing.ledger import Owner
-from llm_gateway.billing.metering import UsageRecord, UsageWriter
+from llm_gateway.billing.metering import UsageWriter
 from llm_gateway.billing.model import Price
-from llm_gateway.billing.prices import cost_of
 from llm_gateway.billing.quotas import (
     BudgetLimits,
     BudgetsUnavailable,
@@ -36,34 +39,31 @@ from llm_gateway.billing.quotas import (
     QuotaDecision,
     QuotaRefusal,
     Quotas,
-    reservation_from_json,
     reservation_json,
 )
-from llm_gateway.billing.spool import Orphan
-from llm_gateway.config import EgressPolicy, Settings
+from llm_gateway.config import Settings
 from llm_gateway.errors import Headers, Rejection, UpstreamFailure
 from llm_gateway.exchange import Exchange, RecordSink
-from llm_gateway.keys import KeyRecord
-from llm_gateway.limits import Guard, LimitDecision, LimiterUnavailable, RateLimiter
-from llm_gateway.messages import (
-    KIND_BY_PATH,
-    Endpoint,
-    EndpointKind,
+from llm_gateway.finishing import Finisher
+from llm_gateway.http_types import (
     GatewayResponse,
     IncomingRequest,
     next_request_id,
     process_tag,
 )
+from llm_gateway.interception import Interception
+from llm_gateway.keys import KeyRecord
+from llm_gateway.limits import Guard, LimitDecision, LimiterUnavailable, RateLimiter
+from llm_gateway.protocols import Endpoint, OpenAICompatible, protocol_at
 from llm_gateway.providers import UnsupportedParameter, profile_named
 from llm_gateway.readiness import Readiness, probe
-from llm_gateway.relay import Relay, failed_requests_bucket, failure_response, stream_error
+from llm_gateway.relay import Relay, failed_requests_bucket, failure_response
 from llm_gateway.request_body import parse_request_body
 from llm_gateway.routing.router import Plan, Router
 from llm_gateway.routing.shared_health import SharedHealth
 from llm_gateway.routing.source import RouteSource
 from llm_gateway.stores import Store
 from llm_gateway.telemetry import Telemetry, Trace
-from llm_gateway.tokens import estimate_prompt
 
 log = logging.getLogger("llm_gateway")
 
@@ -114,16 +114,19 @@ class Gateway:
         self.usage = usage
         self.telemetry = telemetry
         self.endpoints = {
-            (method, path): Endpoint(method, path, KIND_BY_PATH.get(path, EndpointKind.OTHER))
+            (method, path): Endpoint(method, path, protocol_at(path))
             for method, _, path in (e.partition(" ") for e in settings.allowed_endpoints)
         }
-        self._host_roots: tuple[object, dict[str, str]] = (None, {})
-        self._sinks: list[RecordSink] = [self._write_record]
+        self.interception = Interception(settings, router)
+        # Asked by the sidecar's hooks (interception.py).
+        self.api_root_for_host = self.interception.api_root_for_host
+        self.path_under_root = self.interception.path_under_root
+        self.egress_rejection = self.interception.egress_rejection
+        self.finisher = Finisher(usage, quotas, telemetry)
         self._started = False
         self._start_lock = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._touch_task: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
 
     # ---- lifecycle ----------------------------------------------------------------
 
@@ -137,7 +140,7 @@ class Gateway:
             await self.store.migrate()
             self._loop = asyncio.get_running_loop()
             await self._refresh_prices()  # what a dead process's last streams cost
-            await self.usage.replay_orphans(self._account_orphan)
+            await self.usage.replay_orphans(self.finisher.account_orphan)
             await self.quotas.keep_alive(process_tag())
             await self.routes.start()
             if self.shared_health is not None:
@@ -156,8 +159,7 @@ class Gateway:
         await self._flush_touches()
         await self.relay.aclose()
         await self.limiter.close()
-        if self._tasks:  # settlements of the last records, before their ledger closes
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.finisher.drain()  # settlements of the last records, before their ledger
         await self.quotas.ledger.close()
         await self.store.close()
         self.telemetry.shutdown()
@@ -253,63 +255,7 @@ class Gateway:
 
     def add_record_sink(self, sink: RecordSink) -> None:
         """Call ``sink(record, exchange)`` for every finished request, after the writer."""
-        self._sinks.append(sink)
-
-    def _write_record(self, record: UsageRecord, exchange: Exchange) -> None:
-        """Price, spool and settle the record, then tell telemetry. The reservation is
-        settled whatever failed before it: a budget is never held by a request that ended."""
-        try:
-            target = exchange.target
-            if target is not None and target.model:
-                self._price(record, target.provider, target.model)
-            self.usage.add(record)
-        finally:
-            reservation = exchange.quota.reservation
-            if reservation is not None:
-                self._background(self.quotas.settle(reservation, record.total_tokens,
-                                                    _spent(record)))
-        self.telemetry.finished(record, exchange)
-
-    def _price(self, record: UsageRecord, provider: str, model: str) -> None:
-        """The record's cost, from the price table (none known: left as it is)."""
-        price = self.quotas.prices.price_at(provider, model, record.started_at)
-        if price is not None:
-            record.cost_usd = cost_of(price, record.prompt_tokens, record.completion_tokens,
-                                      record.cached_tokens)
-
-    async def _account_orphan(self, orphan: Orphan) -> None:
-        """A record a killed process left, before it is written: a request the kill cut
-        short is priced from what it had relayed (the spool's progress), and whatever it
-        held on the ledger is settled, exactly once under its owner (a request that had
-        settled before the kill books nothing again)."""
-        record = orphan.record
-        if record.error_code == "gateway_interrupted" and record.upstream_model:
-            self._price(record, record.provider, record.upstream_model)
-        if orphan.reservation is None:
-            return
-        try:
-            await self.quotas.settle_orphan(reservation_from_json(orphan.reservation),
-                                            record.total_tokens, _spent(record))
-        except Exception as exc:  # the sweep releases it within ORPHAN_SECONDS instead
-            log.warning("settling a stopped process's reservation failed: %s",
-                        type(exc).__name__)
-
-    def _background(self, work: Coroutine[Any, Any, None]) -> None:
-        """Off the request path; a failure is logged, never raised into a request. Started
-        at once: a settlement from a lease is done before any wait, no task scheduled."""
-        task = asyncio.Task(work, loop=asyncio.get_running_loop(), eager_start=True)
-        if task.done():
-            return _settled(task)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        task.add_done_callback(_settled)
-
-    def _finished(self, record: UsageRecord, exchange: Exchange) -> None:
-        for sink in self._sinks:
-            try:  # one sink's failure is logged, and keeps no other from its record
-                sink(record, exchange)
-            except Exception:
-                log.exception("a usage record sink failed on request %s", record.request_id)
+        self.finisher.add_sink(sink)
 
     # ---- admission ----------------------------------------------------------------
 
@@ -341,7 +287,8 @@ class Gateway:
         current = current or self.telemetry.begin(request.method, request.path,
                                                   request.header("traceparent"))
         answer = dataclasses.replace(
-            rejection, headers=[*rejection.headers, *answer_ids(request_id, current.trace_id)])
+            rejection, headers=[*rejection.headers, *answer_ids(request_id, current.trace_id)],
+            shape=protocol_at(request.path).error_shape)
         self.telemetry.rejected(current, answer, request_id=request_id, adapter=request.adapter,
                                 method=request.method, path=request.path, key=key)
         return answer
@@ -384,42 +331,38 @@ class Gateway:
             limit, quota = await self._limits(key), None
         else:  # asked at once: one write, one wait; one task, run eagerly (no loop turn)
             limiting = asyncio.eager_task_factory(asyncio.get_running_loop(), self._limits(key))
-            quota = await self._reserve(budgets, plan, payload, request_id)
+            quota = await self._reserve(budgets, plan, payload, request_id, endpoint.protocol)
             try:
                 limit = await limiting
             except BaseException:
-                self._release(quota)
+                self.finisher.release(quota)
                 raise
             if isinstance(limit, Rejection):  # not sent: nothing spent
-                self._release(quota)
+                self.finisher.release(quota)
         for refusal in (limit, quota):  # the rate limit's first, as it was asked first
             if isinstance(refusal, Rejection):
                 return refusal
         try:
-            exchange = Exchange(request, endpoint, key, limit, payload, plan, self._finished,
+            exchange = Exchange(request, endpoint, key, limit, payload, plan,
+                                self.finisher.finished,
                                 quota, request_id=request_id, trace=current, tags=tags,
                                 on_progress=self.usage.progress)
             self.usage.admitted(exchange.admission_record(), reservation_json(
                 quota.reservation if isinstance(quota, QuotaDecision) else None))
         except BaseException:  # admitted by every limit, then failed: nothing is held
-            self._release(quota)
+            self.finisher.release(quota)
             raise
         return exchange
 
-    def _release(self, quota: QuotaDecision | Rejection | None) -> None:
-        """Give back a reservation whose request will not be sent."""
-        if isinstance(quota, QuotaDecision) and quota.reservation is not None:
-            self._background(self.quotas.settle(quota.reservation, 0, None))
-
     async def _reserve(self, budgets: BudgetLimits, plan: Plan, payload: dict,
-                       request_id: str) -> QuotaDecision | Rejection:
+                       request_id: str, protocol: OpenAICompatible) -> QuotaDecision | Rejection:
         try:  # the estimate on the key's and subject's budgets; the counters' policy
             decision = await self.quotas.reserve(
-                budgets, prompt_tokens=estimate_prompt(payload),
-                requested_cap=payload.get("max_tokens") or payload.get("max_completion_tokens"),
+                budgets, prompt_tokens=protocol.prompt_tokens(payload),
+                requested_cap=protocol.output_cap(payload),
                 default_cap=plan.route.max_output_tokens,
                 targets=[(target.provider, target.model) for target in plan.targets],
-                owner=Owner(process_tag(), request_id), choices=payload.get("n") or 1,
+                owner=Owner(process_tag(), request_id), choices=protocol.choices(payload),
             )
         except LedgerUnavailable:
             return errors.budget_ledger_unavailable()
@@ -460,14 +403,16 @@ class Gateway:
         was sent to (the sidecar's), else the default provider."""
         if payload is None:
             return self.router.plan_default(called_host)
-        plan = self.router.plan(payload["model"], estimate_prompt(payload), called_host)
-        if isinstance(plan, Rejection) or endpoint.kind is not EndpointKind.CHAT:
+        protocol = endpoint.protocol
+        plan = self.router.plan(payload["model"], protocol.prompt_tokens(payload), called_host)
+        if isinstance(plan, Rejection):
             return plan
         stream = payload.get("stream") is True
         takers, refusal = [], ""
         for target in plan.targets:
             try:
-                profile_named(plan.provider(target).profile).prepare(payload, stream=stream)
+                protocol.upstream_payload(profile_named(plan.provider(target).profile), payload,
+                                          stream=stream)
             except UnsupportedParameter as exc:
                 refusal = str(exc)
             else:
@@ -481,55 +426,38 @@ class Gateway:
         """Send an admitted request and give the client's response (streams stay streams).
         The engine's own failure is an answer too: the 500 ``gateway_error`` with the
         exchange's headers, or inside a stream an error event that ends it; the exchange
-        records it, and its adapter finishes it as ever (one usage record)."""
+        records it. The adapter writes the answer and then closes it
+        (``GatewayResponse.close``): the engine finishes the request then, exactly once
+        (one usage record). Cancelled before it answered (the client left), the adapter
+        says so with ``abandon``."""
         try:
             response = await self.relay.respond(exchange)
         except Exception:
             log.exception("the engine failed while relaying request %s", exchange.request_id)
-            return failure_response(exchange, UpstreamFailure("gateway_error", _ENGINE_FAILED))
+            response = failure_response(exchange, UpstreamFailure("gateway_error",
+                                                                  _ENGINE_FAILED))
         if response.chunks is not None:
-            response.chunks = _ended_on_failure(exchange, response.chunks)
+            response.chunks = _ended_on_failure(exchange, response, response.chunks)
+        response.on_finish = functools.partial(_finish_response, exchange, response)
         return response
+
+    def abandon(self, exchange: Exchange, *, client_gone: bool = True,
+                failure: tuple[int, str, str | None] | None = None) -> None:
+        """An admitted request whose answer will never be asked for (its client left
+        first, the adapter's own transport failed, the gateway shuts down): finished now,
+        as ``failure`` (status, code, message) says or as a client that left."""
+        if failure is not None:
+            exchange.fail(*failure)
+        exchange.finish(client_disconnected=client_gone)
 
     def body_too_large(self) -> Rejection:
         return errors.request_too_large(self.settings.request_body_limit_bytes)
 
-    # ---- interception: adapters that sit in front of provider hosts (the sidecar) -----
+    # ---- interception: adapters in front of provider hosts (the sidecar) ----------
 
     @property
     def llm_host_roots(self) -> dict[str, str]:
-        """The intercepted hosts and their API roots; they follow the route table."""
-        table = self.router.table
-        if self._host_roots[0] is not table:
-            self._host_roots = (table, llm_host_roots(self.settings, self.router))
-        return self._host_roots[1]
-
-    def api_root_for_host(self, host: str, port: int) -> str | None:
-        """The API root path of an intercepted LLM host; None for any other host, which
-        the egress policy decides about."""
-        name = host.lower().rstrip(".")
-        root = self.llm_host_roots.get(f"{name}:{port}")
-        return root if root is not None else self.llm_host_roots.get(name)
-
-    @staticmethod
-    def path_under_root(root: str, path: str) -> str | None:
-        """``path`` relative to the API root ``root``, or None when it lies outside: such a
-        path on an LLM host (a dashboard, billing) is never forwarded."""
-        if root and not path.startswith(root + "/"):
-            return None
-        return path[len(root):]
-
-    def egress_rejection(self, host: str, port: int) -> Rejection | None:
-        """The answer for traffic to a host that is not an LLM host; None: pass it through
-        untouched (no TLS interception, nothing observed)."""
-        if self.settings.egress_policy is not EgressPolicy.DENY:
-            return None
-        return errors.egress_denied(host, port)
-
-
-def _spent(record: UsageRecord) -> Decimal | None:
-    """What a request cost, for its settlement: the gateway's price, else the provider's."""
-    return record.cost_usd if record.cost_usd is not None else record.provider_cost_usd
+        return self.interception.llm_host_roots
 
 
 def _tags_of(request: IncomingRequest) -> dict[str, str] | Rejection:
@@ -541,30 +469,32 @@ def _tags_of(request: IncomingRequest) -> dict[str, str] | Rejection:
     return errors.invalid_request_header(tags) if isinstance(tags, str) else tags
 
 
-def _settled(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("settling a budget failed: %s", type(task.exception()).__name__)
-
-
-async def _ended_on_failure(exchange: Exchange,
+async def _ended_on_failure(exchange: Exchange, response: GatewayResponse,
                             chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """A stream's chunks; should the engine fail inside it (the status is out), it ends as
-    the relay ends a broken stream, so SDKs raise."""
+    the relay ends a broken stream, so SDKs raise. Read to its end: ``response.ended``."""
     try:
         async for chunk in chunks:
             yield chunk
     except Exception:
         log.exception("the engine failed during the stream of request %s", exchange.request_id)
         exchange.fail(500, "gateway_error", _ENGINE_FAILED)
-        yield stream_error("gateway_error", _ENGINE_FAILED)
+        exchange.ending = True
+        yield exchange.protocol.stream_error("gateway_error", _ENGINE_FAILED)
+    else:
+        response.ended = True
     finally:
         await chunks.aclose()  # type: ignore[attr-defined]
 
 
-def llm_host_roots(settings: Settings, router: Router) -> dict[str, str]:
-    """The hosts the sidecar intercepts, with their API root: the configured ones and every
-    provider's (routing sends there, so apps may call them too)."""
-    roots = settings.llm_host_roots()
-    for host, root in router.provider_host_roots().items():
-        roots.setdefault(host, root)
-    return roots
+def _finish_response(exchange: Exchange, response: GatewayResponse,
+                     client_gone: bool | None) -> None:
+    """What closing an answer does once its stream is closed: the request finished. A
+    pull-based adapter (``client_gone`` None) lost its client unless it read the stream to
+    its end; one that stopped reading once the protocol's end was relayed (an SDK stops at
+    ``[DONE]``) did not."""
+    if client_gone is None:
+        client_gone = response.chunks is not None and not response.ended
+    if client_gone and response.chunks is not None and exchange.end_relayed:
+        client_gone = False
+    exchange.finish(client_disconnected=client_gone)

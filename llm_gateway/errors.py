@@ -8,6 +8,7 @@ client SDK reads, so an SDK raises the exception an application already handles.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 Headers = list[tuple[str, str]]
@@ -98,20 +99,38 @@ def error_body_for(code: str, message: str) -> bytes:
     return error_body(message, kind.type, kind.code)
 
 
+# How an answer's error is written: (type, code, message) to the body's bytes. OpenAI's is
+# the default; each client protocol has its own (llm_gateway.protocols), set on a rejection
+# once the engine knows whose request it answers.
+ErrorShape = Callable[[str, str, str], bytes]
+
+
+def openai_error(type_: str, code: str, message: str) -> bytes:
+    return error_body(message, type_, code)
+
+
 @dataclass(slots=True)
 class Rejection:
-    """A request the gateway answers itself; it never reaches an upstream."""
+    """A request the gateway answers itself; it never reaches an upstream. What it says
+    (status, type, code, message) is the catalogue's; how the body is written is the
+    caller's protocol's (``shape``)."""
 
     status: int
-    body: bytes
+    code: str
+    text: str
     headers: Headers = field(default_factory=list)
-    code: str = ""
+    type: str = "invalid_request_error"
+    shape: ErrorShape = openai_error
+
+    @property
+    def body(self) -> bytes:
+        return self.shape(self.type, self.code, self.text)
 
     def all_headers(self) -> Headers:
         return [("content-type", "application/json"), *self.headers]
 
     def message(self) -> str:
-        return str(json.loads(self.body)["error"]["message"])
+        return self.text
 
 
 _RETRY_SHORTLY = [("retry-after", "1")]
@@ -119,7 +138,7 @@ _RETRY_SHORTLY = [("retry-after", "1")]
 
 def reject(code: str, message: str, headers: Headers | None = None) -> Rejection:
     kind = CATALOGUE[code]
-    return Rejection(kind.status, error_body(message, kind.type, code), headers or [], code)
+    return Rejection(kind.status, code, message, headers or [], kind.type)
 
 
 # ---- the named answers -----------------------------------------------------------------
@@ -289,5 +308,5 @@ class UpstreamFailure(Exception):
         self.attempts = attempts
         self.kind = kind  # what it says of the target: "connect", "timeout" or "broken"
 
-    def body(self) -> bytes:
-        return error_body_for(self.code, str(self))
+    def body(self, shape: ErrorShape = openai_error) -> bytes:
+        return shape(CATALOGUE[self.code].type, self.code, str(self))

@@ -21,15 +21,16 @@ from llm_gateway.billing.spool import PROGRESS_SECONDS
 from llm_gateway.caller_text import header_value
 from llm_gateway.crypto import mask_secret
 from llm_gateway.errors import Headers
+from llm_gateway.http_types import IncomingRequest, next_request_id
 from llm_gateway.keys import KeyRecord
 from llm_gateway.limits import LimitDecision
-from llm_gateway.messages import Endpoint, EndpointKind, IncomingRequest, next_request_id
 from llm_gateway.observe import ResponseFacts, StreamObserver
+from llm_gateway.protocols import Endpoint
 from llm_gateway.providers import Profile, profile_named
 from llm_gateway.routing.router import Plan
 from llm_gateway.routing.table import ProviderConfig, Target
 from llm_gateway.telemetry.tracing import Trace
-from llm_gateway.tokens import estimate_chars, estimate_prompt
+from llm_gateway.tokens import estimate_chars
 
 # Which account the server-held key bills (an OpenAI key may belong to several
 # organizations and projects): the gateway's to set (a provider's `headers:`), never a
@@ -96,16 +97,14 @@ class Exchange:
         self._on_finish = on_finish
         self.quota = quota or QuotaDecision()
         self._payload_changed = False
+        self.protocol = endpoint.protocol
         if payload is not None and self.quota.max_tokens is not None:
-            # The budget's cap, in the field the caller used (a provider's profile may
-            # spell it otherwise on the way out).
-            field = "max_completion_tokens" if "max_completion_tokens" in payload else "max_tokens"
-            self.payload = {**payload, field: self.quota.max_tokens}
+            # The budget's cap, in the field the caller used.
+            self.payload = self.protocol.with_output_cap(payload, self.quota.max_tokens)
             self._payload_changed = True
         self.model: str | None = payload.get("model") if payload else None  # as named
         self.stream = bool(payload and payload.get("stream") is True)
-        options = payload.get("stream_options") if payload else None
-        self.client_wants_usage = isinstance(options, dict) and options.get("include_usage") is True
+        self.client_wants_usage = bool(payload) and self.protocol.wants_stream_usage(payload)
         self.request_id = request_id or next_request_id()
         self.trace = trace or Trace(f"{random.getrandbits(128):032x}",
                                     f"{random.getrandbits(64):016x}", None)
@@ -124,6 +123,8 @@ class Exchange:
         self.facts: ResponseFacts | None = None  # a JSON body's, or the stream observer
         self._unread_body: bytes | None = None  # a JSON body not observed yet
         self._finished = False
+        # The relay is yielding a stream's last chunk, an end of the gateway's own.
+        self.ending = False
         self._on_progress = on_progress
         self._progress_due = 0.0  # monotonic: a stream's progress is reported from then
         self._prompt_estimate: int | None = None
@@ -132,8 +133,15 @@ class Exchange:
     def prompt_estimate(self) -> int:
         """The prompt's tokens, estimated (tokens.py), worked out once."""
         if self._prompt_estimate is None:
-            self._prompt_estimate = estimate_prompt(self.payload or {})
+            self._prompt_estimate = (self.protocol.prompt_tokens(self.payload)
+                                     if self.payload else 0)
         return self._prompt_estimate
+
+    @property
+    def end_relayed(self) -> bool:
+        """The stream's end went to the client: the protocol's own (the upstream's), or
+        the gateway's (an error event that ends it)."""
+        return self.ending or (self.facts is not None and self.facts.done)
 
     @property
     def server_address(self) -> str:
@@ -177,9 +185,7 @@ class Exchange:
         payload = self.payload
         if payload is None:
             return self.request.body
-        prepared = payload
-        if self.endpoint.kind is EndpointKind.CHAT:
-            prepared = self.profile.prepare(payload, stream=self.stream)
+        prepared = self.protocol.upstream_payload(self.profile, payload, stream=self.stream)
         if self.target.model != payload.get("model"):
             prepared = {**prepared, "model": self.target.model}
         if prepared is payload and not self._payload_changed:
@@ -201,11 +207,11 @@ class Exchange:
                 lower = UPSTREAM_REQUEST_ID
             if lower == "content-type" and status == 200 and value.startswith("text/event-stream"):
                 self.is_sse = True
-                self.facts = StreamObserver(self.profile)
+                self.facts = self.protocol.stream_observer(self.profile)
             client_headers.append((lower, self._scrub_text(value)))
         if status >= 400:
             self.error_code = "upstream_error"
-            # The body is rewritten to OpenAI's shape: say so in the content type.
+            # The body is rewritten to the protocol's shape: say so in the content type.
             client_headers = [(k, v) for k, v in client_headers if k != "content-type"]
             client_headers.append(("content-type", "application/json"))
         client_headers.extend(self.gateway_headers())
@@ -226,9 +232,9 @@ class Exchange:
         return headers
 
     def on_frame(self, frame: bytes) -> bytes | None:
-        """Observe one whole SSE frame; returns what the client gets of it: None for the
-        usage-only chunk (``choices: []``) a client that did not ask for it would trip on,
-        the frame with the provider's key masked should the provider echo it."""
+        """Observe one whole SSE frame; returns what the client gets of it: None for an
+        event the protocol keeps from the client (a usage chunk it did not ask for), the
+        frame with the provider's key masked should the provider echo it."""
         observer = self.facts
         if isinstance(observer, StreamObserver):
             now = time.monotonic()
@@ -236,8 +242,7 @@ class Exchange:
             if now >= self._progress_due:
                 self._report_progress(observer, now)
             for payload in payloads:
-                if (not self.client_wants_usage and "usage" in payload
-                        and payload.get("choices") == []):
+                if not self.protocol.relays(payload, self.client_wants_usage):
                     return None
         return self._scrub(frame)
 
@@ -292,34 +297,22 @@ class Exchange:
         request's 0.5 ms at concurrency 1)."""
         body = self._scrub(body)
         if self.status is not None and self.status >= 400:
-            answer = self.profile.error_body(body, self.status)
+            answer = self.protocol.upstream_error(self.profile, body, self.status)
             self.error_message = _message_of(answer)
             return answer
-        if self.endpoint.kind is EndpointKind.MODELS:
-            payload = _json_object(body)
-            return body if payload is None else self.models_for_key(payload)
+        rewritten = self.protocol.client_body(body, self.plan.table.models, self.key.allows_model)
+        if rewritten is not None:
+            return rewritten
         self._unread_body = body
         return body
 
     def observe_body(self) -> ResponseFacts | None:
         """The facts of the whole body the client got, read now if not yet."""
         body, self._unread_body = self._unread_body, None
-        if body is not None and (payload := _json_object(body)) is not None:
-            self.facts = ResponseFacts(self.profile)
+        if body is not None and (payload := jsonio.object_of(body)) is not None:
+            self.facts = self.protocol.response_facts(self.profile)
             self.facts.observe(payload)
         return self.facts
-
-    def models_for_key(self, payload: dict) -> bytes:
-        """The provider's model list (when passthrough serves it) and the aliases, each
-        only if the key may use it."""
-        aliases = [{"id": name, "object": "model", "owned_by": "llm-gateway"}
-                   for name in self.plan.table.models]
-        listed = payload.get("data") if isinstance(payload.get("data"), list) else []
-        known = {name for name in self.plan.table.models}
-        merged = aliases + [m for m in listed if isinstance(m, dict) and m.get("id") not in known]
-        payload["data"] = [m for m in merged if self.key.allows_model(m.get("id"))]
-        payload.setdefault("object", "list")
-        return json.dumps(payload).encode()
 
     def fail(self, status: int, code: str, message: str | None = None) -> None:
         """The exchange failed in transport (timeout, broken connection). A stream keeps
@@ -336,7 +329,7 @@ class Exchange:
         return UsageRecord(
             request_id=self.request_id, key_id=self.key.id, key_prefix=self.key.prefix,
             subject_id=self.key.subject_id, adapter=self.request.adapter,
-            endpoint=self.endpoint.kind.value, model=self.model, stream=self.stream,
+            endpoint=self.protocol.name, model=self.model, stream=self.stream,
             status=0, started_at=self.started_wall, duration_ms=0.0,
         )
 
@@ -365,7 +358,7 @@ class Exchange:
         record = UsageRecord(
             request_id=self.request_id, key_id=self.key.id, key_prefix=self.key.prefix,
             subject_id=self.key.subject_id, adapter=self.request.adapter,
-            endpoint=self.endpoint.kind.value, model=self.model, stream=self.stream,
+            endpoint=self.protocol.name, model=self.model, stream=self.stream,
             status=self.status if self.status is not None else 502,
             started_at=self.started_wall, duration_ms=(time.monotonic() - self.started) * 1000,
             provider=self.target.provider if self.target else "",
@@ -383,7 +376,7 @@ class Exchange:
     def _apply_facts(self, record: UsageRecord, facts: ResponseFacts) -> None:
         record.response_id = facts.response_id
         record.finish_reasons = list(facts.finish_reasons)
-        if facts.model and self.endpoint.kind is not EndpointKind.MODELS:
+        if facts.model and self.protocol.names_upstream_model:
             record.upstream_model = facts.model
         if facts.usage is not None:
             record.prompt_tokens = facts.usage.prompt_tokens
@@ -411,21 +404,13 @@ class Exchange:
         """No usage from the provider for a request it served (a cut stream, an in-band
         error): count the prompt and the text seen so far (tokens.py), flagged."""
         answered = self.facts is not None and (self.facts.usage is None)
-        if not answered or self.endpoint.kind is EndpointKind.MODELS:
+        if not answered or not self.protocol.estimates_usage:
             return
         assert self.facts is not None
         record.prompt_tokens = self.prompt_estimate
         record.completion_tokens = estimate_chars(self.facts.text_chars)
         record.total_tokens = record.prompt_tokens + record.completion_tokens
         record.tokens_estimated = True
-
-
-def _json_object(body: bytes) -> dict | None:
-    try:
-        payload = jsonio.loads(body) if body else None
-    except (ValueError, RecursionError):
-        return None
-    return payload if isinstance(payload, dict) else None
 
 
 def _message_of(body: bytes) -> str | None:

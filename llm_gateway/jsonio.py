@@ -45,3 +45,13 @@ def loads(data: bytes | str) -> Any:
     except orjson.JSONDecodeError:
         # What orjson refuses and ``json`` reads (NaN, lone surrogates) is read as before.
         return json.loads(data)
+
+
+def object_of(data: bytes) -> dict | None:
+    """The JSON object ``data`` holds; None for anything else (not JSON, not an object,
+    nothing)."""
+    try:
+        payload = loads(data) if data else None
+    except (ValueError, RecursionError):
+        return None
+    return payload if isinstance(payload, dict) else None

@@ -1,13 +1,16 @@
 """The observe step: what a response says about itself, from a JSON body or an SSE stream.
 
 ``ResponseFacts`` collects the response id, the model that answered, finish reasons, usage
-(through the provider's profile) and the first error, from decoded payloads: a whole JSON
-body once, or every chunk of a stream. ``StreamObserver`` feeds it from SSE bytes as they
+and the first error, from decoded payloads (a whole JSON body once, or every chunk of a
+stream), as the caller's protocol reads them (a ``Reader``; OpenAI's, ``read_openai``, asks
+the provider's profile for usage). ``StreamObserver`` feeds it from SSE bytes as they
 are relayed, with the stream's timings. Both only observe: garbage is counted, never
 raised, because a broken upstream frame must not break the relay.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import orjson
 
@@ -17,11 +20,15 @@ from llm_gateway.sse import SSEEvent, SSEParser
 
 
 class ResponseFacts:
-    __slots__ = ("_profile", "error", "finish_reasons", "model", "response_id", "text_chars",
-                 "usage")
+    """What a response says of itself, as ``read`` (the caller's protocol's reader) finds
+    it in each decoded body or event."""
 
-    def __init__(self, profile: Profile) -> None:
+    __slots__ = ("_profile", "_read", "done", "error", "finish_reasons", "model", "response_id",
+                 "text_chars", "usage")
+
+    def __init__(self, profile: Profile, read: Reader | None = None) -> None:
         self._profile = profile
+        self._read = read or read_openai
         self.response_id: str | None = None
         self.model: str | None = None
         self.finish_reasons: list[str] = []
@@ -30,31 +37,45 @@ class ResponseFacts:
         # Characters of generated text seen: what usage is estimated from when the
         # provider reports none (a cut stream), and what a stream has spent so far.
         self.text_chars = 0
+        self.done = False  # a stream reached the end its protocol defines
+
+    @property
+    def profile(self) -> Profile:
+        return self._profile
 
     def observe(self, payload: dict) -> None:
-        """One decoded body or stream chunk; the first id, model and error win."""
-        if "error" in payload and self.error is None:
-            # The first error is the cause; anything after it is usually fallout.
-            self.error = self._profile.error_in(payload)
-        if self.response_id is None and isinstance(payload.get("id"), str):
-            self.response_id = payload["id"]
-        if not self.model:
-            model = payload.get("model")
-            if isinstance(model, str) and model:
-                self.model = model
-        choices = payload.get("choices")
-        if isinstance(choices, list):
-            for choice in choices:
-                if isinstance(choice, dict):
-                    finish_reason = choice.get("finish_reason")
-                    if isinstance(finish_reason, str):
-                        self.finish_reasons.append(finish_reason)
-                    said = choice.get("delta") or choice.get("message")
-                    if isinstance(said, dict) and isinstance(said.get("content"), str):
-                        self.text_chars += len(said["content"])
-        usage = self._profile.usage(payload)
-        if usage is not None:
-            self.usage = usage
+        """One decoded body or stream chunk."""
+        self._read(self, payload)
+
+
+Reader = Callable[[ResponseFacts, dict], None]
+
+
+def read_openai(facts: ResponseFacts, payload: dict) -> None:
+    """An OpenAI-style body or chunk: the first id, model and error win; finish reasons
+    and text from ``choices``; usage as the provider's profile reads it (the last wins)."""
+    if "error" in payload and facts.error is None:
+        # The first error is the cause; anything after it is usually fallout.
+        facts.error = facts.profile.error_in(payload)
+    if facts.response_id is None and isinstance(payload.get("id"), str):
+        facts.response_id = payload["id"]
+    if not facts.model:
+        model = payload.get("model")
+        if isinstance(model, str) and model:
+            facts.model = model
+    choices = payload.get("choices")
+    if isinstance(choices, list):
+        for choice in choices:
+            if isinstance(choice, dict):
+                finish_reason = choice.get("finish_reason")
+                if isinstance(finish_reason, str):
+                    facts.finish_reasons.append(finish_reason)
+                said = choice.get("delta") or choice.get("message")
+                if isinstance(said, dict) and isinstance(said.get("content"), str):
+                    facts.text_chars += len(said["content"])
+    usage = facts.profile.usage(payload)
+    if usage is not None:
+        facts.usage = usage
 
 
 # The fast path's answer for bytes the SSE parser must read instead.
@@ -62,18 +83,19 @@ _NOT_JSON = object()
 
 
 class StreamObserver(ResponseFacts):
-    """Watches an OpenAI-compatible SSE stream being relayed; the caller relays the
-    original bytes untouched."""
+    """Watches an SSE stream being relayed, each event's payload read as its protocol
+    reads it; the caller relays the original bytes untouched. ``data: [DONE]`` (OpenAI's
+    end) is known here; a protocol whose stream ends with an event of its own says so in
+    its reader (``done``)."""
 
     __slots__ = (
-        "_parser", "done", "event_count", "first_event_at", "last_event_at",
-        "malformed_count", "max_gap",
+        "_parser", "event_count", "first_event_at", "last_event_at", "malformed_count",
+        "max_gap",
     )
 
-    def __init__(self, profile: Profile) -> None:
-        super().__init__(profile)
+    def __init__(self, profile: Profile, read: Reader | None = None) -> None:
+        super().__init__(profile, read)
         self._parser = SSEParser()
-        self.done = False
         self.event_count = 0
         self.malformed_count = 0
         self.first_event_at: float | None = None

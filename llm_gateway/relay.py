@@ -26,8 +26,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from llm_gateway import errors
 from llm_gateway.errors import UpstreamFailure
 from llm_gateway.exchange import Exchange
+from llm_gateway.http_types import GatewayResponse
 from llm_gateway.limits import LimiterUnavailable, RateLimiter
-from llm_gateway.messages import EndpointKind, GatewayResponse
 from llm_gateway.providers import UnsupportedParameter
 from llm_gateway.routing.client import UpstreamClient, UpstreamResponse, retry_after_seconds
 from llm_gateway.routing.health import Outcome, State
@@ -60,10 +60,10 @@ class Relay:
     async def respond(self, exchange: Exchange) -> GatewayResponse:
         """Send upstream and produce the client's response (streams stay streams)."""
         table = exchange.plan.table
-        if exchange.endpoint.kind is EndpointKind.MODELS and table.unknown_models != "passthrough":
-            # Only aliases exist: the list is the gateway's own.
-            return GatewayResponse(200, [_JSON, *exchange.gateway_headers()],
-                                   exchange.models_for_key({"object": "list", "data": []}))
+        local = exchange.protocol.local_answer(table.models, exchange.key.allows_model,
+                                               table.unknown_models == "passthrough")
+        if local is not None:  # an answer of the gateway's own (only aliases exist)
+            return GatewayResponse(200, [_JSON, *exchange.gateway_headers()], local)
         answer = await self._first_answer(exchange)
         if isinstance(answer, GatewayResponse):
             return answer
@@ -274,7 +274,8 @@ class Relay:
                     yield out
                 if exchange.past_spend_ceiling():
                     exchange.fail(200, "insufficient_quota", _BUDGET_SPENT)
-                    yield stream_error("insufficient_quota", _BUDGET_SPENT)
+                    exchange.ending = True
+                    yield exchange.protocol.stream_error("insufficient_quota", _BUDGET_SPENT)
                     return
             if (rest := frames.remainder()) and (out := exchange.on_frame(rest)) is not None:
                 yield out
@@ -283,10 +284,12 @@ class Relay:
             assert exchange.target is not None
             self.router.record(exchange.target, _FAILURE_OUTCOMES[failure.kind])
             exchange.fail(failure.status, failure.code, str(failure))
-            yield stream_error(failure.code, _STREAM_BROKE_OFF)
+            exchange.ending = True
+            yield exchange.protocol.stream_error(failure.code, _STREAM_BROKE_OFF)
         except FrameTooLarge as exc:
             exchange.fail(502, "upstream_response_too_large", str(exc))
-            yield stream_error("upstream_response_too_large", str(exc))
+            exchange.ending = True
+            yield exchange.protocol.stream_error("upstream_response_too_large", str(exc))
         finally:
             response.close()
             leave()
@@ -315,19 +318,15 @@ def _with_retry_after(headers: list[tuple[str, str]],
     return headers if wait is None else [*headers, ("retry-after", str(max(1, math.ceil(wait))))]
 
 
-def stream_error(code: str, message: str) -> bytes:
-    """The end of a stream that failed after its status was sent: an error event in
-    OpenAI's shape, then [DONE], so SDKs raise instead of ending quietly."""
-    return (b"data: " + UpstreamFailure(code, message).body() + b"\n\ndata: [DONE]\n\n")
-
-
 def failure_response(exchange: Exchange, failure: UpstreamFailure) -> GatewayResponse:
     exchange.fail(failure.status, failure.code, str(failure))
-    return GatewayResponse(failure.status, [_JSON, *exchange.gateway_headers()], failure.body())
+    return GatewayResponse(failure.status, [_JSON, *exchange.gateway_headers()],
+                           failure.body(exchange.protocol.error_shape))
 
 
 def _rejection_response(exchange: Exchange, rejection: errors.Rejection) -> GatewayResponse:
     exchange.fail(rejection.status, rejection.code, rejection.message())
+    rejection = exchange.protocol.shaped(rejection)
     return GatewayResponse(rejection.status,
                            [*rejection.all_headers(), *exchange.gateway_headers()],
                            rejection.body)

@@ -8,9 +8,8 @@ will see.
 - Nesting deeper than ``MAX_DEPTH`` is refused (400) instead of costing recursion.
 - A lone surrogate anywhere (``"\\ud800"`` is valid JSON, but no UTF-8) is refused (400):
   the body could not be encoded again for a target that renames the model, nor stored.
-- The strings policy stores, labels or echoes (``model``, ``user``) are admitted by
-  ``caller_text``, the one check for them; ``n`` is bounded (budgets reserve for every
-  choice).
+- The strings policy stores, labels or echoes (``model``; the protocol's own, such as
+  ``user``) are admitted by ``caller_text``, the one check for them.
 """
 
 from __future__ import annotations
@@ -19,12 +18,10 @@ import json
 
 from llm_gateway import caller_text, errors
 from llm_gateway.errors import Rejection
-from llm_gateway.messages import Endpoint, EndpointKind
+from llm_gateway.protocols import Endpoint
 
 # No OpenAI request nests anywhere near this deep (tool schemas reach perhaps 10).
 MAX_DEPTH = 64
-# OpenAI's own bound on a chat request's choices.
-MAX_CHOICES = 128
 
 
 class _DuplicateKey(ValueError):
@@ -100,8 +97,9 @@ def decode(body: bytes) -> object | Rejection:
 
 
 def parse_request_body(endpoint: Endpoint, body: bytes) -> dict | Rejection | None:
-    """Check what policy needs (model, stream, messages, the token caps); None for a
-    request without a body. Nothing is rewritten here."""
+    """Check what policy needs (a JSON object with a ``model``, and what the endpoint's
+    protocol checks of its own); None for a request without a body. Nothing is
+    rewritten here."""
     if endpoint.method != "POST":
         return None
     payload = decode(body)
@@ -114,30 +112,5 @@ def parse_request_body(endpoint: Endpoint, body: bytes) -> dict | Rejection | No
         return errors.invalid_request_body("'model' must be a non-empty string.")
     if (problem := caller_text.refusal("model", model, caller_text.MODEL_CHARS)) is not None:
         return errors.invalid_request_body(problem)
-    user = payload.get("user")
-    if user is not None and not isinstance(user, str):
-        return errors.invalid_request_body("'user' must be a string when present.")
-    if user and (problem := caller_text.refusal("user", user, caller_text.USER_CHARS)):
-        return errors.invalid_request_body(problem)
-    choices = payload.get("n")
-    if choices is not None and (isinstance(choices, bool) or not isinstance(choices, int)
-                                or not 1 <= choices <= MAX_CHOICES):
-        return errors.invalid_request_body(
-            f"'n' must be an integer from 1 to {MAX_CHOICES} when present.")
-    if not isinstance(payload.get("stream", False), bool):
-        return errors.invalid_request_body("'stream' must be a boolean when present.")
-    for cap in ("max_tokens", "max_completion_tokens"):
-        value = payload.get(cap)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 1):
-            return errors.invalid_request_body(f"'{cap}' must be a positive integer.")
-    if endpoint.kind is EndpointKind.CHAT:
-        messages = payload.get("messages")
-        if not isinstance(messages, list) or not messages:
-            return errors.invalid_request_body("'messages' must be a non-empty list.")
-        for index, message in enumerate(messages):
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                return errors.invalid_request_body(
-                    f"messages[{index}] must be an object with a 'role'."
-                )
-    return payload
+    refused = endpoint.protocol.check(payload)
+    return payload if refused is None else refused

@@ -22,18 +22,27 @@ def estimate_prompt(payload: dict) -> int:
     """A chat body's messages (text parts), or an embeddings body's input."""
     messages = payload.get("messages")
     if isinstance(messages, list):
-        total = 0
-        for message in messages:
-            total += TOKENS_PER_MESSAGE
-            content = message.get("content") if isinstance(message, dict) else None
-            if isinstance(content, str):
-                total += estimate_text(content)
-            elif isinstance(content, list):
-                for part in content:
-                    if isinstance(part, dict) and isinstance(part.get("text"), str):
-                        total += estimate_text(part["text"])
-        return total
-    given = payload.get("input")
+        return estimate_messages(messages)
+    return estimate_input(payload.get("input"))
+
+
+def estimate_messages(messages: list) -> int:
+    """Chat messages: each one's framing and its text (a string, or text parts)."""
+    total = 0
+    for message in messages:
+        total += TOKENS_PER_MESSAGE
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            total += estimate_text(content)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    total += estimate_text(part["text"])
+    return total
+
+
+def estimate_input(given: object) -> int:
+    """An embeddings body's input: a string, strings, or token ids (one token each)."""
     if isinstance(given, str):
         return estimate_text(given)
     if isinstance(given, list):

@@ -35,7 +35,7 @@ from llm_gateway.config import EgressPolicy, Settings
 from llm_gateway.engine import Gateway
 from llm_gateway.errors import Rejection
 from llm_gateway.exchange import Exchange
-from llm_gateway.messages import IncomingRequest
+from llm_gateway.http_types import IncomingRequest
 from llm_gateway.stores import Store, open_store
 from llm_gateway.stores.sqlite import SqliteStore
 from llm_gateway.testing.fake_upstream import BILLING_SECRET, FakeUpstream, Fault

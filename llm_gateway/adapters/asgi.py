@@ -28,7 +28,7 @@ from llm_gateway.config import ConfigError, Settings, load_settings
 from llm_gateway.engine import Gateway
 from llm_gateway.errors import Rejection
 from llm_gateway.exchange import Exchange
-from llm_gateway.messages import IncomingRequest
+from llm_gateway.http_types import IncomingRequest
 from llm_gateway.stores import StoreUnavailable
 from llm_gateway.wiring import build_gateway
 
@@ -195,8 +195,8 @@ class GatewayMiddleware:
 
     async def _relay(self, exchange: Exchange, receive: Receive, send: Send) -> None:
         # ASGI servers drop writes to a vanished client silently, so a watcher on
-        # `receive` is the one reliable signal: it cancels the relay, which closes the
-        # upstream response and lets finish() record the disconnect.
+        # `receive` is the one reliable signal: it cancels the relay; closing the answer
+        # then tells the engine, which closes the upstream response and records it.
         relay_task = asyncio.current_task()
         assert relay_task is not None
         gone = False
@@ -226,9 +226,10 @@ class GatewayMiddleware:
             relay_task.uncancel()
         finally:
             watcher.cancel()
-            if response is not None and response.chunks is not None:
-                await response.chunks.aclose()  # type: ignore[attr-defined]
-            exchange.finish(client_disconnected=gone)
+            if response is None:  # cancelled before the engine answered
+                self.gateway.abandon(exchange, client_gone=gone)
+            else:
+                await response.close(client_gone=gone)
 
 
 def _incoming(scope: Scope, path: str) -> IncomingRequest:

@@ -50,7 +50,7 @@ from llm_gateway.adapters.connection_limits import (
 from llm_gateway.config import Settings
 from llm_gateway.errors import Rejection
 from llm_gateway.exchange import Exchange
-from llm_gateway.messages import Headers, IncomingRequest
+from llm_gateway.http_types import Headers, IncomingRequest
 
 __all__ = ["GatewayHttpProtocol", "server_options"]
 
@@ -334,9 +334,10 @@ class GatewayHttpProtocol(BoundedHead, asyncio.Protocol):
             task.uncancel()  # the client left: its record says so, nothing more to do
         finally:
             self._relaying = False
-            if response is not None and response.chunks is not None:
-                await response.chunks.aclose()  # type: ignore[attr-defined]
-            exchange.finish(client_disconnected=self._gone)
+            if response is None:  # left before the engine answered
+                self.gateway.abandon(exchange, client_gone=self._gone)
+            else:
+                await response.close(client_gone=self._gone)
 
     async def _serve_other(self, request: _Request) -> None:
         """The probes, as the middleware answers them, and the 404."""

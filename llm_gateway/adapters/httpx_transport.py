@@ -16,9 +16,9 @@ key the transport was built with, else ``GatewayError`` and nothing is sent. The
 ``api_key`` is never read. httpx's timeouts are not applied: the engine's
 ``REQUEST_TIMEOUT_SECONDS`` bounds the provider's answer, as in ``serve``.
 
-Foreign failures are mapped at one boundary (``_exchange``, httpx's own pattern): an
-engine exception reaches the application as the OpenAI-shaped 500 ``gateway_error``, or
-inside a stream already under way as an in-band error event, never as a traceback.
+The engine answers its own failures (a 500 ``gateway_error`` in the caller's protocol, or
+inside a stream already under way an in-band error event): nothing reaches the application
+as a traceback.
 """
 
 from __future__ import annotations
@@ -41,59 +41,37 @@ from llm_gateway.adapters.inprocess import (
 )
 from llm_gateway.engine import Gateway
 from llm_gateway.errors import Headers, Rejection
-from llm_gateway.exchange import Exchange
+from llm_gateway.http_types import GatewayResponse, IncomingRequest
 from llm_gateway.keys import subject_principal
-from llm_gateway.messages import IncomingRequest
-from llm_gateway.relay import stream_error
 
 __all__ = ["AsyncGatewayTransport", "GatewayTransport"]
 
 ADAPTER_NAME = "httpx"
 log = logging.getLogger("llm_gateway")
 _ENGINE_FAILED = "The gateway failed on this request."
-# Every stream the engine relays ends with this event (the provider's, or the engine's own
-# after an error). SSE clients stop reading there (the openai SDK does) and close: that
-# is the end of the stream, not a caller going away.
-_TERMINAL_EVENT = b"data: [DONE]"
 
 
 class _EngineStream:
     """A streamed answer as the engine yields it. Its coroutines run on the engine's loop;
-    ``close`` finishes the exchange, as disconnected when the end was not reached."""
+    ``close`` tells the engine the caller is done with it (the engine tells from how far
+    it was read whether the caller left before the end)."""
 
-    def __init__(self, exchange: Exchange, chunks: AsyncIterator[bytes]) -> None:
-        self._exchange = exchange
-        self._chunks = chunks
+    def __init__(self, response: GatewayResponse) -> None:
+        assert response.chunks is not None
+        self._response = response
+        self._chunks = response.chunks
         self._loop = asyncio.get_running_loop()
-        self._ended = False
         self._closed = False
 
     async def next(self) -> bytes | None:
-        if self._ended:
-            return None
         try:
-            chunk = await self._chunks.__anext__()
+            return await self._chunks.__anext__()
         except StopAsyncIteration:
-            self._ended = True
             return None
-        except Exception:
-            # The status went out already: end the stream the way the relay ends a broken
-            # one, so the SDK raises instead of ending quietly.
-            log.exception("the engine failed during an in-process stream")
-            self._ended = True
-            self._exchange.fail(500, "gateway_error", _ENGINE_FAILED)
-            return stream_error("gateway_error", _ENGINE_FAILED)
-        self._ended = chunk.rstrip().endswith(_TERMINAL_EVENT)
-        return chunk
 
     async def close(self) -> None:
-        if self._closed:
-            return
         self._closed = True
-        try:
-            await self._chunks.aclose()  # type: ignore[attr-defined]
-        finally:
-            self._exchange.finish(client_disconnected=not self._ended)
+        await self._response.close()
 
     def __del__(self) -> None:
         # A response dropped without being closed (a loop left with `break`): the caller
@@ -115,7 +93,8 @@ class _Answer:
 
 
 async def _exchange(gateway: Gateway, request: IncomingRequest) -> _Answer:
-    """admit → respond, on the engine's loop: the one place engine failures are mapped."""
+    """admit → respond, on the engine's loop: the one place foreign failures are mapped
+    (the engine answers its own; anything that still escapes it is a 500 here)."""
     try:
         admitted = await gateway.admit(request)
     except Exception:
@@ -127,17 +106,15 @@ async def _exchange(gateway: Gateway, request: IncomingRequest) -> _Answer:
         response = await gateway.respond(admitted)
     except Exception:
         log.exception("the engine failed while relaying an in-process request")
-        admitted.fail(500, "gateway_error", _ENGINE_FAILED)
-        admitted.finish()
+        gateway.abandon(admitted, client_gone=False, failure=(500, "gateway_error", _ENGINE_FAILED))
         return _Answer.of(errors.reject("gateway_error", _ENGINE_FAILED))
     except BaseException:  # cancelled: the caller went away before the answer
-        admitted.finish(client_disconnected=True)
+        gateway.abandon(admitted, client_gone=True)
         raise
     if response.chunks is None:
-        admitted.finish()
+        response.done()
         return _Answer(response.status, response.headers, response.body)
-    return _Answer(response.status, response.headers,
-                   stream=_EngineStream(admitted, response.chunks))
+    return _Answer(response.status, response.headers, stream=_EngineStream(response))
 
 
 def _incoming(gateway: Gateway, request: httpx.Request, body: bytes,

@@ -54,7 +54,7 @@ from llm_gateway.config import ConfigError, load_settings
 from llm_gateway.engine import Gateway
 from llm_gateway.errors import Rejection
 from llm_gateway.exchange import Exchange
-from llm_gateway.messages import IncomingRequest
+from llm_gateway.http_types import GatewayResponse, IncomingRequest
 from llm_gateway.wiring import build_gateway
 
 log = logging.getLogger("llm_gateway.sidecar")
@@ -75,7 +75,9 @@ class _LlmFlow:
 
     api_root: str
     exchange: Exchange | None = None
-    # Set once the request was forwarded to the stream relay: the relay finishes it.
+    # The engine's answer (not a stream), closed once mitmproxy has it (``response``).
+    answer: GatewayResponse | None = None
+    # Set once the request was forwarded to the stream relay: the relay closes its answer.
     relay_token: str | None = None
 
 
@@ -184,8 +186,7 @@ class GatewayAddon:
 
     async def done(self) -> None:
         for exchange in list(self._in_flight):
-            exchange.fail(503, "gateway_shutdown")
-            self._finish(exchange)
+            self._abandon(exchange, client_gone=False, failure=(503, "gateway_shutdown", None))
         if self._relay is not None:
             await self._relay.close()
         await self.engine().close()
@@ -243,8 +244,8 @@ class GatewayAddon:
             log.exception("llm-gateway: request failed; answering 500, nothing forwarded")
             if isinstance(state, _LlmFlow):
                 if state.exchange is not None:
-                    state.exchange.fail(500, "gateway_error")
-                    self._finish(state.exchange)
+                    self._abandon(state.exchange, client_gone=False,
+                                  failure=(500, "gateway_error", None))
                 if state.relay_token is not None and self._relay is not None:
                     self._relay.withdraw(state.relay_token)
                 state.relay_token = None
@@ -314,9 +315,9 @@ class GatewayAddon:
                 timer = loop.call_later(_DISCONNECT_POLL_SECONDS, watch)
 
         timer = loop.call_later(_DISCONNECT_POLL_SECONDS, watch)
-        chunks = None
+        state = flow.metadata[_STATE_KEY]
         try:
-            response = await self.engine().respond(exchange)
+            response = state.answer = await self.engine().respond(exchange)
             body, chunks = response.body, response.chunks
             if chunks is not None:
                 # A stream the caller did not ask for: read whole, through the observer.
@@ -325,13 +326,15 @@ class GatewayAddon:
             if not gone:
                 raise
             task.uncancel()
-            self._finish(exchange, client_disconnected=True)
+            self._in_flight.discard(exchange)
+            if state.answer is None:
+                self.engine().abandon(exchange, client_gone=True)
+            else:
+                await state.answer.close(client_gone=True)
             _kill(flow)
             return
         finally:
             timer.cancel()
-            if chunks is not None:
-                await chunks.aclose()  # type: ignore[attr-defined]
         flow.response = http.Response.make(
             response.status, body,
             _mitm_headers([*response.headers, ("content-length", str(len(body)))]),
@@ -357,9 +360,9 @@ class GatewayAddon:
         if not isinstance(state, _LlmFlow) or state.exchange is None:
             return
         if state.relay_token is None:
-            self._finish(state.exchange)  # the engine's own answer, observed as it was made
+            self._done(state)  # the engine's own answer, observed as it was made
         else:
-            self._in_flight.discard(state.exchange)  # the relay finished it
+            self._in_flight.discard(state.exchange)  # the relay closed its answer
 
     def error(self, flow: http.HTTPFlow) -> None:
         state = flow.metadata.get(_STATE_KEY)
@@ -369,17 +372,30 @@ class GatewayAddon:
         try:
             if state.relay_token is not None and self._relay is not None:
                 if self._relay.withdraw(state.relay_token) is None:
-                    self._in_flight.discard(exchange)  # the relay has it and finishes it
+                    self._in_flight.discard(exchange)  # the relay has it and closes it
                     return
                 # Never reached the relay: mitmproxy could not connect to its own port.
-                exchange.fail(502, "gateway_error")
-            self._finish(exchange, client_disconnected=_client_gone(flow))
+                self._abandon(exchange, client_gone=_client_gone(flow),
+                              failure=(502, "gateway_error", None))
+                return
+            self._done(state, client_gone=_client_gone(flow))
         except Exception:
             log.exception("llm-gateway: error hook failed")
 
-    def _finish(self, exchange: Exchange, *, client_disconnected: bool = False) -> None:
+    def _done(self, state: _LlmFlow, *, client_gone: bool = False) -> None:
+        """Done with the flow's answer (read whole, its stream closed): the engine
+        finishes its request."""
+        assert state.exchange is not None
+        self._in_flight.discard(state.exchange)
+        if state.answer is None:
+            self.engine().abandon(state.exchange, client_gone=client_gone)
+        else:
+            state.answer.done(client_gone=client_gone)
+
+    def _abandon(self, exchange: Exchange, *, client_gone: bool,
+                 failure: tuple[int, str, str | None] | None = None) -> None:
         self._in_flight.discard(exchange)
-        exchange.finish(client_disconnected=client_disconnected)
+        self.engine().abandon(exchange, client_gone=client_gone, failure=failure)
 
 
 # ---- translation helpers ---------------------------------------------------------------

@@ -88,7 +88,7 @@ class StreamRelay:
             task.cancel()
 
         watcher = asyncio.get_running_loop().create_task(watch())
-        chunks = None
+        response = None
         try:
             response = await self._gateway.respond(exchange)
             chunks = response.chunks
@@ -110,9 +110,10 @@ class StreamRelay:
             gone = True
         finally:
             watcher.cancel()
-            if chunks is not None:
-                await chunks.aclose()  # type: ignore[attr-defined]
-            exchange.finish(client_disconnected=gone)
+            if response is None:  # left before the engine answered
+                self._gateway.abandon(exchange, client_gone=gone)
+            else:
+                await response.close(client_gone=gone)
             writer.close()
 
 

@@ -1,40 +1,20 @@
 """What adapters hand the engine and get back: the engine's own request and response.
 
 Adapters translate their objects (an ASGI scope, a mitmproxy flow) into an
-``IncomingRequest`` and a ``GatewayResponse`` back into theirs; nothing else crosses.
+``IncomingRequest`` and a ``GatewayResponse`` back into theirs; nothing else crosses. An
+adapter never finishes a request itself: it tells the response it is done with it
+(``GatewayResponse.close``: written, or the client left), and the engine finishes it.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from enum import StrEnum
 
 from llm_gateway.errors import Headers
 from llm_gateway.keys import KeyRecord
-
-
-class EndpointKind(StrEnum):
-    CHAT = "chat.completions"
-    EMBEDDINGS = "embeddings"
-    MODELS = "models"
-    OTHER = "other"
-
-
-KIND_BY_PATH = {
-    "/chat/completions": EndpointKind.CHAT,
-    "/embeddings": EndpointKind.EMBEDDINGS,
-    "/models": EndpointKind.MODELS,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    method: str
-    path: str
-    kind: EndpointKind
 
 
 @dataclass(slots=True)
@@ -64,12 +44,42 @@ class IncomingRequest:
 
 @dataclass(slots=True)
 class GatewayResponse:
-    """A response the engine produced for an adapter to send."""
+    """A response the engine produced for an adapter to send. ``chunks`` is set for a
+    stream: relay each as it comes. Whatever happens, the adapter says once that it is
+    done with the answer (``close``, in a ``finally``; ``done`` for a whole answer with no
+    stream left open), and whether its client left before the end; the engine then closes
+    the stream and finishes the request, exactly once."""
 
     status: int
     headers: Headers
     body: bytes = b""
-    chunks: AsyncIterator[bytes] | None = None  # set for streams; relay each as it comes
+    chunks: AsyncIterator[bytes] | None = None
+    # The engine's: finishes the request, told whether the client left (None: infer it).
+    on_finish: Callable[[bool | None], None] | None = None
+    ended: bool = False  # set by the engine: the stream was read to its end
+    _closed: bool = False
+
+    async def close(self, *, client_gone: bool | None = None) -> None:
+        """Done with this answer. ``client_gone``: the client left before the end; None (a
+        pull-based adapter, the in-process transport): the engine tells from how far the
+        stream was read."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.chunks is not None:
+                await self.chunks.aclose()  # type: ignore[attr-defined]
+        finally:
+            if self.on_finish is not None:
+                self.on_finish(client_gone)
+
+    def done(self, *, client_gone: bool = False) -> None:
+        """``close`` for an answer with no stream left open (none, or one read whole)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.on_finish is not None:
+            self.on_finish(client_gone)
 
 
 # Request ids: a random prefix per process and a counter. Unique across replicas without

@@ -1,0 +1,145 @@
+"""A client protocol: everything the engine needs to know of the API a caller speaks, in
+one object, so that the engine holds every rule once and asks the protocol where the
+protocols differ.
+
+What a protocol answers:
+
+- **the body**: the checks of its own fields (``check``), what policy reads from it (the
+  model, whether it streams, the output cap and its field, the number of choices, the
+  prompt's size) and how the output cap is written back (``with_output_cap``);
+- **the way out**: the body a provider of a given profile takes (``upstream_payload``:
+  chat's providers spell some fields their own way, and refuse some);
+- **the way back**: what a response says of itself (``response_facts``, fed each decoded
+  body or stream event: ids, finish reasons, usage, the first error, whether a stream
+  reached its end), which frames of a stream the client gets, an upstream error rewritten
+  into the protocol's shape, and the gateway's own errors in that shape (``error_shape``;
+  in a stream already under way: ``stream_error``).
+
+``OpenAICompatible`` is the behaviour of any OpenAI-style endpoint an operator allows
+beyond the known ones (``allowed_endpoints``): OpenAI's error shape, a stream that ends with
+``data: [DONE]``, usage read by the provider's profile. The known protocols refine it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from llm_gateway import caller_text, errors
+from llm_gateway.errors import ErrorShape, Rejection, openai_error
+from llm_gateway.observe import ResponseFacts, StreamObserver, read_openai
+from llm_gateway.providers import Profile
+from llm_gateway.tokens import estimate_prompt
+
+# OpenAI's own bound on a chat request's choices.
+MAX_CHOICES = 128
+
+
+class OpenAICompatible:
+    """An OpenAI-compatible endpoint with no rules of its own (``name``: the record's
+    ``endpoint``)."""
+
+    name = "other"
+    # The output cap's fields, in the order they are looked for.
+    cap_fields: tuple[str, ...] = ("max_tokens", "max_completion_tokens")
+    error_shape: ErrorShape = staticmethod(openai_error)  # type: ignore[assignment]
+    # Whether the model the answer names is the upstream's (a model list names many).
+    names_upstream_model = True
+    # Whether a response without usage is metered from an estimate.
+    estimates_usage = True
+
+    # ---- the body ---------------------------------------------------------------------
+
+    def check(self, payload: dict) -> Rejection | None:
+        """The protocol's own rules for a body with a valid ``model``; None: it passes."""
+        user = payload.get("user")
+        if user is not None and not isinstance(user, str):
+            return errors.invalid_request_body("'user' must be a string when present.")
+        if user and (problem := caller_text.refusal("user", user, caller_text.USER_CHARS)):
+            return errors.invalid_request_body(problem)
+        choices = payload.get("n")
+        if choices is not None and (isinstance(choices, bool) or not isinstance(choices, int)
+                                    or not 1 <= choices <= MAX_CHOICES):
+            return errors.invalid_request_body(
+                f"'n' must be an integer from 1 to {MAX_CHOICES} when present.")
+        if not isinstance(payload.get("stream", False), bool):
+            return errors.invalid_request_body("'stream' must be a boolean when present.")
+        for cap in self.cap_fields:
+            value = payload.get(cap)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                return errors.invalid_request_body(f"'{cap}' must be a positive integer.")
+        return None
+
+    def output_cap(self, payload: dict) -> int | None:
+        """The output cap the caller asked for (per choice), if any."""
+        for cap in self.cap_fields:
+            if payload.get(cap):
+                return int(payload[cap])
+        return None
+
+    def choices(self, payload: dict) -> int:
+        """How many answers the request asks for, each billed in whole."""
+        return payload.get("n") or 1
+
+    def with_output_cap(self, payload: dict, cap: int) -> dict:
+        """``payload`` with its output cap set to ``cap``, in the field the caller used (a
+        provider's profile may spell it otherwise on the way out)."""
+        used = next((name for name in self.cap_fields[1:] if name in payload), self.cap_fields[0])
+        return {**payload, used: cap}
+
+    def prompt_tokens(self, payload: dict) -> int:
+        return estimate_prompt(payload)
+
+    def wants_stream_usage(self, payload: dict) -> bool:
+        """Whether the caller asked for the usage chunk of a stream (OpenAI's
+        ``stream_options.include_usage``): the gateway always meters it, but relays it only
+        when asked."""
+        options = payload.get("stream_options")
+        return isinstance(options, dict) and options.get("include_usage") is True
+
+    # ---- the way out ------------------------------------------------------------------
+
+    def upstream_payload(self, profile: Profile, payload: dict, *, stream: bool) -> dict:
+        """The body as a provider of ``profile`` takes it (the same dict when nothing
+        changes); raises UnsupportedParameter for what it cannot take."""
+        return payload
+
+    # ---- the way back -----------------------------------------------------------------
+
+    def response_facts(self, profile: Profile) -> ResponseFacts:
+        return ResponseFacts(profile, read_openai)
+
+    def stream_observer(self, profile: Profile) -> StreamObserver:
+        return StreamObserver(profile, read_openai)
+
+    def relays(self, payload: dict, wants_usage: bool) -> bool:
+        """Whether the client gets this stream event: not the usage-only chunk
+        (``choices: []``) a client that did not ask for it would trip on."""
+        return wants_usage or "usage" not in payload or payload.get("choices") != []
+
+    def client_body(self, body: bytes, aliases: Iterable[str],
+                    allows: Callable[[object], bool]) -> bytes | None:
+        """A whole answer the protocol rewrites for the client (a model list), or None:
+        the provider's bytes go as they came, and are observed later."""
+        return None
+
+    def local_answer(self, aliases: Iterable[str], allows: Callable[[object], bool],
+                     passthrough: bool) -> bytes | None:
+        """An answer the gateway gives without asking a provider, or None (the usual)."""
+        return None
+
+    def upstream_error(self, profile: Profile, body: bytes, status: int) -> bytes:
+        """A provider's error answer in this protocol's shape, its message verbatim."""
+        return profile.error_body(body, status)
+
+    def stream_error(self, code: str, message: str) -> bytes:
+        """The end of a stream that failed after its status was sent: an error event, then
+        ``[DONE]``, so that SDKs raise instead of ending quietly."""
+        return (b"data: " + self.error_shape(errors.CATALOGUE[code].type, code, message)
+                + b"\n\ndata: [DONE]\n\n")
+
+    def shaped(self, rejection: Rejection) -> Rejection:
+        """``rejection`` written in this protocol's shape."""
+        if rejection.shape is not self.error_shape:
+            rejection.shape = self.error_shape
+        return rejection
