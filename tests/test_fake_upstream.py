@@ -812,7 +812,7 @@ def test_every_public_name_imports_from_fake_upstream():
     exported = {name: getattr(fake_upstream, name) for name in fake_upstream.__all__}
     assert exported["FakeUpstream"] is FakeUpstream
     assert exported["Fault"] is Fault
-    assert len(exported) == 15
+    assert len(exported) == 21
 
 
 def test_command_line_key_in_another_header():

@@ -1,7 +1,9 @@
 """What the fake upstream answers with: deterministic replies, usage, cost, embeddings and the
 model catalogue, as plain JSON-ready values (no I/O), so tests can predict every byte."""
 
+import base64
 import hashlib
+import secrets
 import struct
 import uuid
 from dataclasses import dataclass, field
@@ -139,6 +141,60 @@ class ChatReply:
             "created": self.created,
             "model": self.model,
         }
+
+
+# What a reply "thinks" (Anthropic's thinking blocks, OpenAI's reasoning summaries) before it
+# answers: eight words, so eight output tokens, like a reply chunk.
+FAKE_THINKING_TEXT = "The fake model thinks this request over first."
+THINKING_TOKENS = 8
+# The output tokens a tool call costs, whatever its arguments: one chunk's worth.
+TOOL_CALL_TOKENS = WORDS_PER_CHUNK
+# The request header that makes a reply call the named tool of the request (an Anthropic
+# tool_use block, a Responses function_call or custom_tool_call).
+TOOL_CALL_HEADER = "x-fake-tool-call"
+# A custom (free-form) tool's input, as OpenAI's custom tools take plain text.
+FAKE_CUSTOM_TOOL_INPUT = "fake input for the tool"
+
+_ID_ALPHABET = "0123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
+
+
+def fake_id(prefix: str, length: int = 22) -> str:
+    """A random id in Anthropic's style (``msg_01…``, ``toolu_01…``, ``req_011…``)."""
+    alphabet_size = len(_ID_ALPHABET)
+    raw = secrets.token_bytes(length)
+    return prefix + "".join(_ID_ALPHABET[byte % alphabet_size] for byte in raw)
+
+
+def openai_id(prefix: str) -> str:
+    """A random id in OpenAI's style (``resp_…``, ``msg_…``): a prefix and 48 hex digits."""
+    return prefix + secrets.token_hex(24)
+
+
+def fake_signature(*parts: str) -> str:
+    """An opaque, deterministic stand-in for a thinking signature or encrypted content."""
+    digest = hashlib.sha256("\0".join(parts).encode()).digest()
+    return base64.b64encode(digest * 2).decode("ascii")
+
+
+def fake_tool_arguments(schema: object) -> dict[str, object]:
+    """Arguments for a tool call that fit its JSON schema: a placeholder for each required
+    property (every property when none is required), by type, in the schema's order."""
+    if not isinstance(schema, dict) or not isinstance(schema.get("properties"), dict):
+        return {}
+    properties: dict[str, object] = schema["properties"]
+    required = schema.get("required")
+    names = [name for name in properties if not isinstance(required, list) or name in required]
+    placeholders: dict[str, object] = {
+        "string": "fake", "integer": 1, "number": 1, "boolean": True, "array": [], "object": {}}
+    arguments: dict[str, object] = {}
+    for name in names:
+        spec = properties[name]
+        kind = spec.get("type") if isinstance(spec, dict) else None
+        if isinstance(spec, dict) and isinstance(spec.get("enum"), list) and spec["enum"]:
+            arguments[name] = spec["enum"][0]
+        else:
+            arguments[name] = placeholders.get(kind if isinstance(kind, str) else "", "fake")
+    return arguments
 
 
 def fake_embedding(model: str, text: str, dimensions: int) -> list[float]:

@@ -1,5 +1,7 @@
-"""The endpoints the fake upstream implements: chat completions (JSON or SSE), embeddings and
-the model catalogue, each answering one authenticated :class:`Exchange`."""
+"""The OpenAI-style endpoints the fake upstream implements in venice and openai modes: chat
+completions (JSON or SSE, ending in ``[DONE]``), embeddings and the model catalogue, each
+answering one authenticated :class:`Exchange`; and the ``x-fake-cached-tokens`` header, which
+the Responses API honours as well."""
 
 import base64
 import json
@@ -20,40 +22,19 @@ from llm_gateway.testing.fake_content import (
 )
 from llm_gateway.testing.fake_errors import CHAT_FIELDS_BY_MODE, unknown_fields_payload
 from llm_gateway.testing.fake_exchange import Exchange, encode_json, send_json
-from llm_gateway.testing.fake_faults import DeliberateConnectionCut, Fault
+from llm_gateway.testing.fake_faults import Fault
+from llm_gateway.testing.fake_stream import ChunkPacer, stream_settings, waited_as_generating
 
-# Which header makes the fake deviate from its configured stream shape for one request. Gateways
-# forward unknown headers untouched, so tests can steer the fake through a gateway with them.
-CHUNK_COUNT_HEADER = "x-fake-chunks"
-CHUNK_DELAY_MS_HEADER = "x-fake-chunk-delay-ms"
 # Report this many of the prompt's tokens as read from the prompt cache (OpenAI's
 # usage.prompt_tokens_details.cached_tokens). Without it the fake reports no details.
 CACHED_TOKENS_HEADER = "x-fake-cached-tokens"
 
-# What Fault.malformed_frame slips into a stream: looks like a JSON frame, does not parse.
-MALFORMED_SSE_FRAME = b"data: {not json\n\n"
 SSE_DONE_FRAME = b"data: [DONE]\n\n"
 
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache"),
 ]
-
-
-def stream_settings(
-    headers: dict[str, str], chunk_count: int, chunk_delay: float
-) -> tuple[int, float] | str:
-    """(chunk count, chunk delay) after per-request header overrides, or a problem."""
-    try:
-        if CHUNK_COUNT_HEADER in headers:
-            chunk_count = int(headers[CHUNK_COUNT_HEADER])
-        if CHUNK_DELAY_MS_HEADER in headers:
-            chunk_delay = float(headers[CHUNK_DELAY_MS_HEADER]) / 1000
-    except ValueError:
-        return f"{CHUNK_COUNT_HEADER} and {CHUNK_DELAY_MS_HEADER} must be numbers"
-    if chunk_count < 0 or chunk_delay < 0:
-        return f"{CHUNK_COUNT_HEADER} and {CHUNK_DELAY_MS_HEADER} must not be negative"
-    return chunk_count, chunk_delay
 
 
 def cached_tokens_asked(headers: dict[str, str]) -> int | str | None:
@@ -74,40 +55,14 @@ async def chat_completions(
     chunk_delay: float,
     strict_fields: bool,
 ) -> None:
-    request = exchange.body_json
-    if not isinstance(request, dict):
-        await exchange.reject("body", "Request body must be a JSON object")
+    checked = await _checked_chat(exchange, strict_fields)
+    if checked is None:
         return
-    known_fields = CHAT_FIELDS_BY_MODE[exchange.provider]
-    unknown = [name for name in request if name not in known_fields] if strict_fields else []
-    if unknown:
-        await send_json(exchange.send, 400, unknown_fields_payload(exchange.provider, unknown))
+    request, model, messages = checked
+    steered = await _steering(exchange, request, chunk_count, chunk_delay)
+    if steered is None:
         return
-    model = request.get("model")
-    messages = request.get("messages")
-    if not isinstance(model, str):
-        await exchange.reject("model", "model must be a string")
-        return
-    if not isinstance(messages, list):
-        await exchange.reject("messages", "messages must be an array")
-        return
-    settings = stream_settings(exchange.headers, chunk_count, chunk_delay)
-    if isinstance(settings, str):
-        await exchange.reject("headers", settings)
-        return
-    chunk_count, chunk_delay = settings
-    cached_tokens = cached_tokens_asked(exchange.headers)
-    if isinstance(cached_tokens, str):
-        await exchange.reject("headers", cached_tokens)
-        return
-    cap = request.get("max_tokens", request.get("max_completion_tokens"))
-    if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 0:
-        # As a real model: never more completion tokens than the request allows.
-        chunk_count = min(chunk_count, cap // WORDS_PER_CHUNK)
-    choices = 1 if request.get("n") is None else request["n"]
-    if isinstance(choices, bool) or not isinstance(choices, int) or not 1 <= choices <= 128:
-        await exchange.reject("n", "n must be an integer from 1 to 128")
-        return
+    chunk_count, chunk_delay, cached_tokens, choices = steered
     reply = ChatReply(model=model, chunk_count=chunk_count, created=int(time.time()),
                       choices=choices)
     venice = exchange.provider == "venice"
@@ -118,10 +73,8 @@ async def chat_completions(
     )
 
     if request.get("stream") is not True:
-        # A non-stream answer takes as long as generating every chunk would have.
-        if chunk_delay > 0 and not await exchange.wait(chunk_delay * chunk_count):
-            return
-        await exchange.send_success(reply.completion(usage), fault)
+        if await waited_as_generating(exchange, chunk_delay, chunk_count):
+            await exchange.send_success(reply.completion(usage), fault)
         return
 
     # Venice always ends a stream with usage; OpenAI only when the request asked for it.
@@ -132,13 +85,58 @@ async def chat_completions(
     await _stream_completion(exchange, fault, reply, chunk_delay, usage if include_usage else None)
 
 
-async def _send_frame(exchange: Exchange, frame: bytes) -> None:
-    # One ASGI message per frame so each one reaches the wire immediately.
-    await exchange.send({"type": "http.response.body", "body": frame, "more_body": True})
+async def _checked_chat(
+    exchange: Exchange, strict_fields: bool
+) -> tuple[dict[str, object], str, list[object]] | None:
+    """(request, model, messages), or None after the provider's 400 for a body that is no
+    object, names a field the provider does not take, or lacks its model or messages."""
+    request = exchange.body_json
+    if not isinstance(request, dict):
+        await exchange.reject("body", "Request body must be a JSON object")
+        return None
+    known_fields = CHAT_FIELDS_BY_MODE[exchange.provider]
+    unknown = [name for name in request if name not in known_fields] if strict_fields else []
+    if unknown:
+        await send_json(exchange.send, 400, unknown_fields_payload(exchange.provider, unknown))
+        return None
+    model = request.get("model")
+    messages = request.get("messages")
+    if not isinstance(model, str):
+        await exchange.reject("model", "model must be a string")
+        return None
+    if not isinstance(messages, list):
+        await exchange.reject("messages", "messages must be an array")
+        return None
+    return request, model, messages
+
+
+async def _steering(
+    exchange: Exchange, request: dict[str, object], chunk_count: int, chunk_delay: float
+) -> tuple[int, float, int | None, int] | None:
+    """(chunk count, chunk delay, cached tokens, choices) as the headers, the token cap and
+    ``n`` shape the reply, or None after a 400 for one of them."""
+    settings = stream_settings(exchange.headers, chunk_count, chunk_delay)
+    if isinstance(settings, str):
+        await exchange.reject("headers", settings)
+        return None
+    chunk_count, chunk_delay = settings
+    cached_tokens = cached_tokens_asked(exchange.headers)
+    if isinstance(cached_tokens, str):
+        await exchange.reject("headers", cached_tokens)
+        return None
+    cap = request.get("max_tokens", request.get("max_completion_tokens"))
+    if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 0:
+        # As a real model: never more completion tokens than the request allows.
+        chunk_count = min(chunk_count, cap // WORDS_PER_CHUNK)
+    choices = 1 if request.get("n") is None else request["n"]
+    if isinstance(choices, bool) or not isinstance(choices, int) or not 1 <= choices <= 128:
+        await exchange.reject("n", "n must be an integer from 1 to 128")
+        return None
+    return chunk_count, chunk_delay, cached_tokens, choices
 
 
 async def _send_json_frame(exchange: Exchange, payload: object) -> None:
-    await _send_frame(exchange, b"data: " + encode_json(payload) + b"\n\n")
+    await exchange.send_raw_frame(b"data: " + encode_json(payload) + b"\n\n")
 
 
 async def _end_stream(exchange: Exchange) -> None:
@@ -173,28 +171,17 @@ async def _stream_completion(
 async def _stream_content(
     exchange: Exchange, fault: Fault | None, reply: ChatReply, chunk_delay: float
 ) -> bool:
-    """Send the content chunks, applying stream faults; False when the client hung up."""
-    chunk_sent_at = exchange.recorded.chunk_sent_at if exchange.recorded is not None else None
-    cut_after = fault.cut_after_chunks if fault is not None else None
-    chunk_count = reply.chunk_count
-    malformed_before = chunk_count // 2 if fault is not None and fault.malformed_frame else -1
-    for index in range(chunk_count):
-        if cut_after is not None and index >= cut_after:
-            raise DeliberateConnectionCut("fake upstream dropped the stream on purpose")
-        if index > 0 and chunk_delay > 0 and not await exchange.wait(chunk_delay):
+    """Send the content chunks, each in every choice, applying stream faults; False when the
+    client hung up."""
+    pacer = ChunkPacer(exchange, fault, reply.chunk_count, chunk_delay)
+    for index in range(reply.chunk_count):
+        if not await pacer.before_chunk():
             return False
-        if index == malformed_before:
-            await _send_frame(exchange, MALFORMED_SSE_FRAME)
         for choice in range(reply.choices):
             await _send_json_frame(exchange, reply.chunk({"content": fake_reply_chunk(index)},
                                                          None, choice))
-        if chunk_sent_at is not None:
-            chunk_sent_at.append(time.monotonic())
-    if cut_after is not None:
-        # Asked to cut after at least as many chunks as there are: cut before the ending.
-        raise DeliberateConnectionCut("fake upstream dropped the stream on purpose")
-    if malformed_before == chunk_count:  # only when there are no content chunks at all
-        await _send_frame(exchange, MALFORMED_SSE_FRAME)
+        pacer.chunk_sent()
+    await pacer.finish()
     return True
 
 

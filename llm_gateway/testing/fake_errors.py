@@ -1,7 +1,26 @@
 """The fake upstream's error bodies, in each provider's shape, and the chat fields each provider
-accepts (both refuse a chat completion naming any other top-level field)."""
+accepts (both refuse a chat completion naming any other top-level field).
 
-ERROR_SHAPES = ("venice", "openai")
+Anthropic's shape is ``{"type": "error", "error": {"type", "message"}, "request_id"}``, the
+request id being the one its ``request-id`` header carries; its error types follow the status
+(platform.claude.com/docs/en/api/errors: 400 invalid_request_error, 401 authentication_error,
+403 permission_error, 404 not_found_error, 413 request_too_large, 429 rate_limit_error,
+500 api_error, 529 overloaded_error)."""
+
+ERROR_SHAPES = ("venice", "openai", "anthropic")
+
+_ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
 
 # OpenAI's (type, code) for an error status; anything unlisted below 500 is invalid_request_error.
 _OPENAI_ERROR_KINDS: dict[int, tuple[str, str | None]] = {
@@ -19,21 +38,38 @@ from llm_gateway.providers.venice import VENICE_CHAT_FIELDS  # noqa: E402
 CHAT_FIELDS_BY_MODE = {"venice": VENICE_CHAT_FIELDS, "openai": OPENAI_CHAT_FIELDS}
 
 
+def anthropic_error_type(status: int) -> str:
+    return _ANTHROPIC_ERROR_TYPES.get(
+        status, "api_error" if status >= 500 else "invalid_request_error")
+
+
 def error_payload(
-    shape: str, status: int, message: str, *, param: str | None = None
+    shape: str, status: int, message: str, *, param: str | None = None,
+    code: str | None = None, request_id: str | None = None,
 ) -> dict[str, object]:
-    """Venice: ``{"error": message}``; OpenAI: ``{"error": {message, type, param, code}}``."""
+    """Venice: ``{"error": message}``; OpenAI: ``{"error": {message, type, param, code}}``
+    (``code`` replaces the status's usual one); Anthropic: ``{"type": "error", "error":
+    {type, message}, "request_id"}``."""
     if shape == "openai":
         default_kind = ("server_error", None) if status >= 500 else ("invalid_request_error", None)
-        error_type, code = _OPENAI_ERROR_KINDS.get(status, default_kind)
-        return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+        error_type, usual_code = _OPENAI_ERROR_KINDS.get(status, default_kind)
+        return {"error": {"message": message, "type": error_type, "param": param,
+                          "code": code if code is not None else usual_code}}
+    if shape == "anthropic":
+        error = {"type": anthropic_error_type(status), "message": message}
+        return {"type": "error", "error": error, "request_id": request_id}
     return {"error": message}
 
 
-def validation_error_payload(shape: str, param: str, problem: str) -> dict[str, object]:
+def validation_error_payload(
+    shape: str, param: str, problem: str, *, request_id: str | None = None
+) -> dict[str, object]:
     """A 400 body for a missing or mistyped field."""
     if shape == "openai":
         return error_payload(shape, 400, problem, param=param)
+    if shape == "anthropic":
+        # Anthropic names the field's path first: "max_tokens: Field required".
+        return error_payload(shape, 400, f"{param}: {problem}", request_id=request_id)
     # Venice answers validation failures with zod-style issues.
     issue = {"code": "invalid_type", "path": [param], "message": problem}
     return {"error": "Invalid request", "issues": [issue]}

@@ -6,12 +6,20 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 from llm_gateway.asgi_types import Receive, Send, encode_headers, send_body
 from llm_gateway.testing.fake_errors import error_payload, validation_error_payload
 from llm_gateway.testing.fake_faults import DeliberateConnectionCut, Fault
 
 _JSON_HEADERS = [("content-type", "application/json")]
+# What Anthropic and OpenAI send with a stream of named events.
+EVENT_STREAM_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+]
+# Anthropic's 429 when a fault does not say how long to wait.
+DEFAULT_ANTHROPIC_RETRY_AFTER = "30"
 
 
 @dataclass
@@ -72,13 +80,51 @@ async def send_json(
     await send_body(send, status, encode_json(payload), [*_JSON_HEADERS, *extra_headers])
 
 
-async def send_fault_status(send: Send, fault: Fault) -> None:
-    """The injected error: ``fault.body`` verbatim, else ``fault.message`` in ``fault.shape``."""
+def fault_shape(fault: Fault, provider: str) -> str:
+    """The shape a fault's error takes: its own, else the imitated provider's default."""
+    if fault.shape is not None:
+        return fault.shape
+    return "anthropic" if provider == "anthropic" else "venice"
+
+
+async def send_fault_status(
+    send: Send, fault: Fault, provider: str = "venice", request_id: str | None = None,
+) -> None:
+    """The injected error: ``fault.body`` verbatim, else ``fault.message`` in the fault's shape
+    (see :func:`fault_shape`). Anthropic's 429s say when to come back, as the real ones do."""
     assert fault.status is not None
+    shape = fault_shape(fault, provider)
+    headers = fault.error_headers()
+    # A fault naming its own request id wins, in the body as in the header.
+    request_id = next((value for name, value in headers if name == "request-id"), request_id)
     body = fault.body
     if body is None:
-        body = encode_json(error_payload(fault.shape, fault.status, fault.message))
-    await send_body(send, fault.status, body, fault.error_headers())
+        body = encode_json(
+            error_payload(shape, fault.status, fault.message, request_id=request_id))
+    if shape == "anthropic" and fault.status == 429:
+        headers = _with_anthropic_rate_limits(headers, fault.retry_after)
+    await send_body(send, fault.status, body, headers)
+
+
+def _with_anthropic_rate_limits(
+    headers: list[tuple[str, str]], retry_after: str | None
+) -> list[tuple[str, str]]:
+    """Anthropic's 429 headers (retry-after and the exhausted anthropic-ratelimit-* family,
+    platform.claude.com/docs/en/api/rate-limits), unless the fault set one itself."""
+    seconds = retry_after or DEFAULT_ANTHROPIC_RETRY_AFTER
+    try:
+        wait = timedelta(seconds=float(seconds))
+    except ValueError:  # an HTTP date: the reset is then "now"
+        wait = timedelta()
+    reset = (datetime.now(UTC) + wait).strftime("%Y-%m-%dT%H:%M:%SZ")
+    limits = [("retry-after", seconds)]
+    for kind, limit in (("requests", "50"), ("tokens", "40000"),
+                        ("input-tokens", "30000"), ("output-tokens", "8000")):
+        prefix = f"anthropic-ratelimit-{kind}"
+        limits += [(f"{prefix}-limit", limit), (f"{prefix}-remaining", "0"),
+                   (f"{prefix}-reset", reset)]
+    present = {name for name, _ in headers}
+    return [*headers, *((name, value) for name, value in limits if name not in present)]
 
 
 class ClientPresence:
@@ -134,7 +180,9 @@ class Exchange:
     send: Send
     presence: ClientPresence
     recorded: RecordedRequest | None
-    provider: str  # the provider imitated ("venice" or "openai"): the shape of its own errors
+    provider: str  # the provider imitated ("venice", "openai", "anthropic"): its errors' shape
+    request_id: str = ""  # the id the answer's request-id (or x-request-id) header carries
+    api_key: str = ""  # the key it authenticated with: stored responses belong to it
 
     async def wait(self, seconds: float) -> bool:
         """Wait; False (and noted in the record) when the client hung up meanwhile."""
@@ -145,14 +193,44 @@ class Exchange:
 
     async def reject(self, param: str, problem: str) -> None:
         """A 400 for a missing or mistyped request field."""
-        await send_json(self.send, 400, validation_error_payload(self.provider, param, problem))
+        payload = validation_error_payload(self.provider, param, problem,
+                                           request_id=self.request_id)
+        await send_json(self.send, 400, payload)
+
+    async def send_error(self, status: int, message: str, *, param: str | None = None,
+                         code: str | None = None) -> None:
+        """An error of the fake's own, in the imitated provider's shape."""
+        payload = error_payload(self.provider, status, message, param=param, code=code,
+                                request_id=self.request_id)
+        await send_json(self.send, status, payload)
+
+    async def start_event_stream(self) -> None:
+        await self.send({"type": "http.response.start", "status": 200,
+                         "headers": EVENT_STREAM_HEADERS})
+
+    async def send_event(self, event: str, payload: object) -> None:
+        """One named SSE event (``event: <name>``, ``data: <json>``), in its own ASGI message
+        so it reaches the wire at once."""
+        frame = b"event: " + event.encode() + b"\ndata: " + encode_json(payload) + b"\n\n"
+        await self.send({"type": "http.response.body", "body": frame, "more_body": True})
+
+    async def send_raw_frame(self, frame: bytes) -> None:
+        await self.send({"type": "http.response.body", "body": frame, "more_body": True})
+
+    async def end_stream(self) -> None:
+        await self.send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def send_success(self, payload: object, fault: Fault | None) -> None:
         """Send a 200 JSON answer, or the non-stream counterpart of a stream fault."""
         if fault is None:
             await send_json(self.send, 200, payload)
         elif fault.inband_error is not None:
-            await send_json(self.send, 200, {"error": fault.inband_error})
+            if self.provider == "anthropic":  # Anthropic's error body, after a 200
+                error = {"type": "overloaded_error", "message": fault.inband_error}
+                payload = {"type": "error", "error": error, "request_id": self.request_id}
+            else:
+                payload = {"error": fault.inband_error}
+            await send_json(self.send, 200, payload)
         elif fault.malformed_frame:
             await send_body(self.send, 200, b"{not json", _JSON_HEADERS)
         elif fault.cut_after_chunks is not None:

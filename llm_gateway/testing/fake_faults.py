@@ -17,10 +17,20 @@ class Fault:
     response is cut halfway through its body, replaced by ``{not json``, or replaced by
     ``{"error": "<text>"}`` with status 200, respectively. For the same reason ``headers`` and
     ``body``, which dress an error status, require ``status``.
+
+    The Anthropic and Responses endpoints apply the stream faults in their own wire format:
+    ``inband_error`` becomes Anthropic's ``event: error`` (an ``overloaded_error``) or the
+    Responses ``error`` and ``response.failed`` events, and their JSON counterparts an
+    Anthropic error body or a failed response object, each with status 200. An
+    Anthropic-shaped 429 carries ``retry-after`` (``retry_after``, else 30 s) and the
+    ``anthropic-ratelimit-*`` headers, as Anthropic's do.
     """
 
     status: int | None = None  # answer with this HTTP status instead of success
-    shape: str = "venice"  # "venice" -> {"error": msg}; "openai" -> {"error": {message,type,code}}
+    # "venice" -> {"error": msg}; "openai" -> {"error": {message,type,code}}; "anthropic" ->
+    # {"type": "error", "error": {type, message}, "request_id"}. None: Anthropic's in the
+    # fake's anthropic mode, else Venice's (the default it always had, in openai mode too).
+    shape: str | None = None
     message: str = "Upstream failure injected by the fake"
     retry_after: str | None = None  # Retry-After header value on the error
     # Extra headers on the error, e.g. {"x-ratelimit-reset-requests": "30s"}. A "content-type"
@@ -37,7 +47,7 @@ class Fault:
     times: int = 1
 
     def __post_init__(self) -> None:
-        if self.shape not in ERROR_SHAPES:
+        if self.shape is not None and self.shape not in ERROR_SHAPES:
             raise ValueError(f"Fault.shape must be one of {ERROR_SHAPES}, not {self.shape!r}")
         if self.times < 1:
             raise ValueError("Fault.times must be at least 1")

@@ -1,4 +1,4 @@
-"""A realistic fake OpenAI/Venice-compatible upstream, shipped with the project.
+"""A realistic fake OpenAI/Venice/Anthropic-compatible upstream, shipped with the project.
 
 It is used by the test-suite, by ``llm-gateway demo`` and by benchmarks, so it is a pure ASGI app
 (no framework) that does no per-request logging and never sleeps unless a delay is configured.
@@ -13,16 +13,31 @@ What it speaks, under ``api_prefix`` (default ``/api/v1``, like ``https://api.ve
   ``prompt_tokens_details.cached_tokens``; without it, no details, as for an uncached prompt).
 * ``POST /embeddings`` -- deterministic unit vectors, ``float`` or ``base64`` encoded.
 * ``GET /models`` -- a small Venice-like catalogue (:data:`FAKE_MODELS`).
+* in ``usage_mode="openai"`` also OpenAI's Responses API: ``POST /responses`` (JSON or its named
+  SSE events), the stored responses (``GET``/``DELETE /responses/{id}``, ``.../cancel``,
+  ``.../input_items``), ``/responses/input_tokens`` and ``/responses/compact``
+  (see ``fake_responses``).
 * any other path under the prefix -- a 200 "billing" body carrying :data:`BILLING_SECRET`, so
   tests can prove a gateway never lets such a request through.
 
+``usage_mode="anthropic"`` imitates Anthropic's API under ``/v1`` instead: ``POST /messages``
+(JSON or its event stream, tools, thinking, prompt-cache usage), ``/messages/count_tokens`` and
+``GET /models``, Anthropic's errors, ``request-id`` and required ``anthropic-version`` (see
+``fake_anthropic``). Headers steer what a request gets there too (``x-fake-tool-call``,
+``x-fake-cache-read-tokens``, ...), as the modules' docstrings list.
+
 Every endpoint requires ``Authorization: Bearer <api_key>`` (or the bare key in another header:
-``FakeUpstream(auth_header="api-key")``). Failures are injected with
-:meth:`FakeUpstream.push_fault`; every request is recorded in :attr:`FakeUpstream.requests`.
+``FakeUpstream(auth_header="api-key")``; Anthropic's ``x-api-key`` in anthropic mode). Failures
+are injected with :meth:`FakeUpstream.push_fault`; every request is recorded in
+:attr:`FakeUpstream.requests`.
 
 This module is the import path of everything public, and runs the fake on uvicorn; the parts
 live beside it: ``fake_content`` (what it answers), ``fake_errors`` (how it refuses),
-``fake_faults``, ``fake_exchange`` (one request), ``fake_endpoints`` and ``fake_app``.
+``fake_faults``, ``fake_exchange`` (one request), ``fake_stream`` (pacing every API's stream,
+with its faults), ``fake_endpoints`` (chat, embeddings, models), ``fake_responses`` (with its
+``_request``, ``_reply``, ``_stream`` and ``_store`` modules), ``fake_anthropic`` (with its
+``_request`` and ``_reply``), ``fake_agent_reply`` (what those two APIs decide alike) and
+``fake_app``.
 
 Run it standalone with ``python -m llm_gateway.testing.fake_upstream --port 3001``.
 """
@@ -42,11 +57,16 @@ import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from llm_gateway.testing.fake_anthropic import FAKE_CLAUDE_MODELS, ClaudeModel
 from llm_gateway.testing.fake_app import USAGE_MODES, FakeUpstream
 from llm_gateway.testing.fake_content import (
     BILLING_SECRET,
     DEFAULT_FAKE_API_KEY,
     FAKE_MODELS,
+    FAKE_THINKING_TEXT,
+    THINKING_TOKENS,
+    TOOL_CALL_HEADER,
+    TOOL_CALL_TOKENS,
     WORDS_PER_CHUNK,
     FakeModel,
     fake_cost,
@@ -59,8 +79,14 @@ from llm_gateway.testing.fake_faults import DeliberateConnectionCut, Fault
 __all__ = [
     "BILLING_SECRET",
     "DEFAULT_FAKE_API_KEY",
+    "FAKE_CLAUDE_MODELS",
     "FAKE_MODELS",
+    "FAKE_THINKING_TEXT",
+    "THINKING_TOKENS",
+    "TOOL_CALL_HEADER",
+    "TOOL_CALL_TOKENS",
     "WORDS_PER_CHUNK",
+    "ClaudeModel",
     "DeliberateConnectionCut",
     "FakeModel",
     "FakeUpstream",
@@ -124,8 +150,9 @@ def running_fake_upstream(
     """Serve ``fake`` on uvicorn in a background thread; yield ``(fake, base_url)``.
 
     ``port=0`` picks a free port. ``base_url`` includes the API prefix, e.g.
-    ``http://127.0.0.1:41234/api/v1``, ready for ``openai.OpenAI(base_url=...)``; with
-    ``tls`` (a certificate and its key, PEM files) it is served over HTTPS.
+    ``http://127.0.0.1:41234/api/v1``, ready for ``openai.OpenAI(base_url=...)`` (the
+    anthropic SDK adds ``/v1`` itself: give it the URL without the prefix); with ``tls`` (a
+    certificate and its key, PEM files) it is served over HTTPS.
     """
     fake = fake if fake is not None else FakeUpstream()
     listener = _listening_socket(host, port)
@@ -176,7 +203,7 @@ def serve_fake_upstream(host: str, port: int, **fake_options: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m llm_gateway.testing.fake_upstream",
-        description="Run the fake OpenAI/Venice-compatible upstream.",
+        description="Run the fake OpenAI/Venice/Anthropic-compatible upstream.",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=3001)
@@ -186,7 +213,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         default="authorization",
         help="header carrying the key: authorization (Bearer <key>) or one with the bare key",
     )
-    parser.add_argument("--api-prefix", default="/api/v1")
+    parser.add_argument("--api-prefix", default=None,
+                        help="default: the imitated API's (/api/v1; /v1 for anthropic)")
     parser.add_argument("--chunks", type=int, default=8, help="content chunks per reply")
     parser.add_argument(
         "--chunk-delay", type=float, default=0.0, help="seconds between stream chunks"
