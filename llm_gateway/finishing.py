@@ -67,8 +67,12 @@ class Finisher:
         """The record's cost, from the price table (none known: left as it is)."""
         found = self.quotas.prices.price_at(provider, model, record.started_at)
         if found is not None:
-            record.cost_usd = cost_of(found, record.prompt_tokens, record.completion_tokens,
-                                      record.cached_tokens)
+            record.cost_usd = cost_of(
+                found, prompt_tokens=record.prompt_tokens,
+                completion_tokens=record.completion_tokens,
+                cache_read_tokens=record.cache_read_tokens,
+                cache_write_tokens=record.cache_write_tokens,
+                cache_write_1h_tokens=record.cache_write_1h_tokens)
 
     async def account_orphan(self, orphan: Orphan) -> None:
         """A record a killed process left, before it is written: a request the kill cut

@@ -308,10 +308,10 @@ def test_cached_prompt_tokens_are_priced_at_the_cached_input_price(
     # 4 prompt tokens at 2.50, 6 at 1.25 and 64 completion tokens at 10, per million.
     with_cache = Decimal("0.0006575")
     without = Decimal("0.000665")
-    assert [(r.prompt_tokens, r.cached_tokens, r.completion_tokens) for r in records] == [
+    assert [(r.prompt_tokens, r.cache_read_tokens, r.completion_tokens) for r in records] == [
         (10, 6, 64), (10, 6, 64), (10, 0, 64)]
     assert [r.cost_usd for r in records] == [with_cache, with_cache, without]
-    assert [(stored[r.request_id].cached_tokens, stored[r.request_id].cost_usd)
+    assert [(stored[r.request_id].cache_read_tokens, stored[r.request_id].cost_usd)
             for r in records] == [(6, with_cache), (6, with_cache), (0, without)]
 
 

@@ -301,6 +301,46 @@ def test_the_downloaded_csv_runs_no_formula(
     assert row["key_name"] == "'=cmd" and row["requests"] == str(len(HOSTILE_MODELS))
 
 
+def test_the_usage_page_groups_by_protocol_with_cache_and_reasoning_tokens(
+    browser: Any, admin_gw: AdminGateway,  # noqa: F811
+) -> None:
+    def record(protocol: str, read: int, write: int, reasoning: int) -> UsageRecord:
+        return UsageRecord(
+            request_id=str(uuid.uuid4()), key_id="k", subject_id="team", adapter="asgi",
+            endpoint=protocol, protocol=protocol, model=MODEL, stream=False, status=200,
+            started_at=time.time() - 60, duration_ms=100.0, prompt_tokens=5000,
+            completion_tokens=900, total_tokens=5900, cache_read_tokens=read,
+            cache_write_tokens=write, cache_write_1h_tokens=write // 2,
+            reasoning_tokens=reasoning, cost_usd=Decimal("0.25"))
+
+    async def write() -> None:
+        store = open_store(admin_gw.settings.database_url)
+        await store.migrate()
+        await store.write_usage([record("messages", 1200, 3400, 560),
+                                 record("messages", 1, 2, 3), record("chat", 64, 0, 70)])
+        await store.close()
+
+    in_new_loop(write())
+    page = browser.new_page(viewport={"width": 1280, "height": 860})
+    sign_in(page, admin_gw)
+    open_page(page, admin_gw, "usage")
+    page.get_by_label("Group by").select_option("protocol")
+    row = page.get_by_role("row").filter(has=page.get_by_role("cell", name="messages",
+                                                             exact=True))
+    row.wait_for()
+    assert row.get_by_role("cell").all_inner_texts()[3:9] == [
+        "10,000", "1,800", "1,201", "3,402", "563", "$0.50"]
+    with page.expect_download() as download:
+        page.get_by_role("button", name="Download CSV").click()
+    rows = {r["protocol"]: r for r in
+            csv.DictReader(io.StringIO(Path(download.value.path()).read_text()))}
+    assert {name: rows["messages"][name] for name in (
+        "cache_read_tokens", "cache_write_tokens", "cache_write_1h_tokens",
+        "reasoning_tokens")} == {"cache_read_tokens": "1201", "cache_write_tokens": "3402",
+                                 "cache_write_1h_tokens": "1701", "reasoning_tokens": "563"}
+    assert rows["chat"]["cache_read_tokens"] == "64"
+
+
 def test_the_overviews_reports_are_the_full_reports_cut_down(
     admin_gw: AdminGateway,  # noqa: F811
 ) -> None:

@@ -84,7 +84,7 @@ def test_input_and_output_tokens_are_prompt_and_completion_tokens() -> None:
 ])
 def test_cached_prompt_tokens_are_read(profile: str, usage: dict, cached: int) -> None:
     read = profile_named(profile).usage({"usage": usage})
-    assert read is not None and read.cached_tokens == cached
+    assert read is not None and read.cache_read_tokens == cached
 
 
 @pytest.mark.parametrize("split", [1, 7, 64, 100_000])

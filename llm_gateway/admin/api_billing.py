@@ -10,8 +10,9 @@ from fastapi import APIRouter, Path, Query, Response
 from llm_gateway.admin import schemas
 from llm_gateway.admin.api_common import ERROR_RESPONSES, Service
 from llm_gateway.admin.common import parse_time
-from llm_gateway.admin.service import budget_fields, price_fields
+from llm_gateway.admin.service import OPTIONAL_RATES, budget_fields, price_fields
 from llm_gateway.billing.model import BudgetScope
+from llm_gateway.billing.reports import GROUPS
 
 router = APIRouter(prefix="/admin/v1", responses=ERROR_RESPONSES)
 
@@ -58,9 +59,10 @@ async def list_prices(service: Service) -> list[dict[str, Any]]:
 async def set_price(body: schemas.PriceIn, service: Service) -> dict[str, Any]:
     price = await service.set_price(
         provider=body.provider, model=body.model, input_per_mtok=body.input_per_mtok,
-        output_per_mtok=body.output_per_mtok, cached_input_per_mtok=body.cached_input_per_mtok,
+        output_per_mtok=body.output_per_mtok,
         effective_from=(None if body.effective_from is None
                         else parse_time(body.effective_from, "effective_from")),
+        **{name: getattr(body, name) for name in OPTIONAL_RATES},
     )
     return price_fields(price)
 
@@ -69,7 +71,7 @@ async def set_price(body: schemas.PriceIn, service: Service) -> dict[str, Any]:
             summary="Usage report: requests, tokens, cost, errors, latency per group")
 async def usage(
     service: Service,
-    by: Annotated[schemas.ShortText, Query(description="key, subject, model, provider, day; "
+    by: Annotated[schemas.ShortText, Query(description=f"{', '.join(GROUPS)}; "
                                          "comma-separated for several (day,model)")] = "day",
     since: Annotated[schemas.ShortText | None, Query(
         description="ISO 8601 or Unix seconds")] = None,

@@ -258,7 +258,12 @@ class PriceIn(BaseModel):
     model: Name
     input_per_mtok: MoneyIn = Field(description="USD per million tokens")
     output_per_mtok: MoneyIn
-    cached_input_per_mtok: MoneyIn | None = None
+    cached_input_per_mtok: MoneyIn | None = Field(
+        default=None, description="prompt tokens read from the cache; default: input")
+    cache_write_per_mtok: MoneyIn | None = Field(
+        default=None, description="prompt tokens written to the cache; default: input")
+    cache_write_1h_per_mtok: MoneyIn | None = Field(
+        default=None, description="cache writes kept for an hour; default: cache_write")
     effective_from: ShortText | UnixSeconds | None = Field(
         default=None, description="ISO 8601 or Unix seconds; default: now")
 
@@ -269,12 +274,16 @@ class Price(BaseModel):
     input_per_mtok: Money
     output_per_mtok: Money
     cached_input_per_mtok: Money | None
+    cache_write_per_mtok: Money | None
+    cache_write_1h_per_mtok: Money | None
     effective_from: float
 
 
 class UsageRow(BaseModel):
     """One group of the billing report: its grouping fields (key_id, key_prefix, key_name,
-    subject, model, provider, day: as asked with ``by``) and the totals."""
+    subject, protocol, model, provider, day: as asked with ``by``) and the totals. Prompt
+    tokens count every input token, cache reads and writes included; completion tokens
+    every output token, reasoning included."""
 
     model_config = ConfigDict(extra="allow")
     requests: int
@@ -282,6 +291,10 @@ class UsageRow(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    cache_read_tokens: int = Field(description="prompt tokens read from the prompt cache")
+    cache_write_tokens: int = Field(description="prompt tokens written to the prompt cache")
+    cache_write_1h_tokens: int = Field(description="of them, those kept for an hour")
+    reasoning_tokens: int = Field(description="completion tokens spent reasoning")
     cost_usd: Money | None
     provider_cost_usd: Money | None = None
     latency_p50_ms: float | None = None

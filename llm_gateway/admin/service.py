@@ -23,7 +23,13 @@ from llm_gateway.admin.service_access import (
     token_fields,
     verify_admin_token,
 )
-from llm_gateway.admin.service_billing import BillingOps, budget_fields, parse_money, price_fields
+from llm_gateway.admin.service_billing import (
+    OPTIONAL_RATES,
+    BillingOps,
+    budget_fields,
+    parse_money,
+    price_fields,
+)
 from llm_gateway.admin.service_keys import KeyOps
 from llm_gateway.admin.service_routes import RouteOps
 
@@ -36,7 +42,7 @@ class AdminService(KeyOps, BillingOps, RouteOps, AccessOps):
 
 
 __all__ = [
-    "CLI_ACTOR", "AdminError", "AdminService", "Conflict", "Invalid", "NotConfigured",
-    "NotFound", "budget_fields", "event_fields", "key_fields", "key_state", "parse_money",
-    "price_fields", "token_fields", "verify_admin_token",
+    "CLI_ACTOR", "OPTIONAL_RATES", "AdminError", "AdminService", "Conflict", "Invalid",
+    "NotConfigured", "NotFound", "budget_fields", "event_fields", "key_fields", "key_state",
+    "parse_money", "price_fields", "token_fields", "verify_admin_token",
 ]

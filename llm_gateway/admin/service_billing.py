@@ -33,9 +33,13 @@ from llm_gateway.admin.common import (
     whole_number,
 )
 from llm_gateway.billing.model import Budget, BudgetScope, OverCap, Price, money
+from llm_gateway.billing.reports import GROUPS as REPORT_GROUPS
 from llm_gateway.keys import KeyRecord
 
-REPORT_GROUPS = ("key", "subject", "model", "provider", "day")
+# A price's rates that may be left unset (Price says what each then falls back to), with
+# the name an error about each gives it.
+OPTIONAL_RATES = {"cached_input_per_mtok": "cached input", "cache_write_per_mtok": "cache write",
+                  "cache_write_1h_per_mtok": "1-hour cache write"}
 BUDGET_FIELDS = ("daily_usd", "monthly_usd", "daily_tokens", "monthly_tokens",
                  "tokens_per_minute", "max_output_tokens", "over_cap", "stop_streams_at_budget")
 _USD_FIELDS = ("daily_usd", "monthly_usd")
@@ -65,7 +69,7 @@ def price_fields(price: Price) -> dict[str, Any]:
         "provider": price.provider, "model": price.model,
         "input_per_mtok": jsonable(price.input_per_mtok),
         "output_per_mtok": jsonable(price.output_per_mtok),
-        "cached_input_per_mtok": jsonable(price.cached_input_per_mtok),
+        **{name: jsonable(getattr(price, name)) for name in OPTIONAL_RATES},
         "effective_from": price.effective_from,
     }
 
@@ -107,17 +111,20 @@ class BillingOps(ServiceBase):
     # ---- prices ---------------------------------------------------------------------
 
     async def set_price(self, *, provider: str, model: str, input_per_mtok: Any,
-                        output_per_mtok: Any, cached_input_per_mtok: Any = None,
-                        effective_from: float | None = None) -> Price:
+                        output_per_mtok: Any, effective_from: float | None = None,
+                        **optional_rates: Any) -> Price:
+        """``optional_rates``: any of OPTIONAL_RATES (None or left out: unset)."""
         if not provider.strip() or not model.strip():
             raise Invalid("a price needs a provider and a model")
+        if unknown := sorted(set(optional_rates) - set(OPTIONAL_RATES)):
+            raise Invalid(f"a price has no rate {unknown[0]!r}")
         price = Price(
             provider=provider.strip(), model=model.strip(),
             input_per_mtok=parse_money(input_per_mtok, "input"),
             output_per_mtok=parse_money(output_per_mtok, "output"),
-            cached_input_per_mtok=(None if cached_input_per_mtok is None
-                                   else parse_money(cached_input_per_mtok, "cached input")),
             effective_from=self.clock() if effective_from is None else effective_from,
+            **{name: parse_money(value, OPTIONAL_RATES[name])
+               for name, value in optional_rates.items() if value is not None},
         )
         same = [p for p in await self.store.prices() if (p.provider, p.model,
                 p.effective_from) == (price.provider, price.model, price.effective_from)]

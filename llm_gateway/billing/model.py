@@ -23,14 +23,34 @@ def money(value: Decimal | str | int) -> Decimal:
 @dataclass(frozen=True, slots=True)
 class Price:
     """USD per million tokens for one provider's model, in force from ``effective_from``
-    until the next price of the same model."""
+    until the next price of the same model. A rate left None falls back: cache reads and
+    cache writes to the input rate, 1-hour cache writes to the (5-minute) cache-write rate,
+    else to the input rate (the ``*_rate`` properties say which applies)."""
 
     provider: str
     model: str  # the upstream model, as the provider names it
     input_per_mtok: Decimal
     output_per_mtok: Decimal
     effective_from: float
-    cached_input_per_mtok: Decimal | None = None
+    cached_input_per_mtok: Decimal | None = None  # prompt tokens read from the cache
+    cache_write_per_mtok: Decimal | None = None  # prompt tokens written to the cache
+    cache_write_1h_per_mtok: Decimal | None = None  # of them, those kept for an hour
+
+    @property
+    def cache_read_rate(self) -> Decimal:
+        return _first(self.cached_input_per_mtok, self.input_per_mtok)
+
+    @property
+    def cache_write_rate(self) -> Decimal:
+        return _first(self.cache_write_per_mtok, self.input_per_mtok)
+
+    @property
+    def cache_write_1h_rate(self) -> Decimal:
+        return _first(self.cache_write_1h_per_mtok, self.cache_write_rate)
+
+
+def _first(rate: Decimal | None, otherwise: Decimal) -> Decimal:
+    return otherwise if rate is None else rate
 
 
 class BudgetScope(StrEnum):

@@ -26,15 +26,22 @@ class PriceError(ValueError):
     """A ``prices:`` entry that cannot be read; str() names it."""
 
 
-def cost_of(price: Price, prompt_tokens: int, completion_tokens: int,
-            cached_tokens: int = 0) -> Decimal:
-    """USD for these tokens at this price; cached input at its own price when it has one."""
-    cached = min(cached_tokens, prompt_tokens) if price.cached_input_per_mtok is not None else 0
-    total = ((prompt_tokens - cached) * price.input_per_mtok
+def cost_of(price: Price, *, prompt_tokens: int, completion_tokens: int,
+            cache_read_tokens: int = 0, cache_write_tokens: int = 0,
+            cache_write_1h_tokens: int = 0) -> Decimal:
+    """USD for a record's tokens at this price, exactly: the prompt's cache reads, its
+    5-minute and 1-hour cache writes each at its own rate (``Price`` says which rate one
+    left unset falls back to), the rest of the prompt at input, and every completion
+    token, reasoning included, at output. A count the prompt cannot hold (a provider's
+    inconsistent report) is cut to what it can, so no token is billed twice."""
+    read = min(cache_read_tokens, prompt_tokens)
+    written = min(cache_write_tokens, prompt_tokens - read)
+    written_1h = min(cache_write_1h_tokens, written)
+    total = ((prompt_tokens - read - written) * price.input_per_mtok
+             + read * price.cache_read_rate
+             + (written - written_1h) * price.cache_write_rate
+             + written_1h * price.cache_write_1h_rate
              + completion_tokens * price.output_per_mtok)
-    if cached:
-        assert price.cached_input_per_mtok is not None
-        total += cached * price.cached_input_per_mtok
     return money(total / MILLION)
 
 
@@ -77,6 +84,9 @@ def prices_from_settings(raw: Any) -> list[Price]:
           venice:
             llama-3.3-70b: {input: 0.70, output: 2.80}     # USD per million tokens
             qwen3-4b: {input: 0.05, output: 0.15, cached_input: 0.01, from: 2026-01-01}
+          anthropic:
+            claude-sonnet-4-5: {input: 3, output: 15, cached_input: 0.30,
+                                cache_write: 3.75, cache_write_1h: 6}
     """
     if raw is None:
         return []
@@ -91,18 +101,27 @@ def prices_from_settings(raw: Any) -> list[Price]:
     return seeded
 
 
+# A ``prices:`` entry's rates, by the Price field each sets; input and output are required.
+_RATES = {"input": "input_per_mtok", "output": "output_per_mtok",
+          "cached_input": "cached_input_per_mtok", "cache_write": "cache_write_per_mtok",
+          "cache_write_1h": "cache_write_1h_per_mtok"}
+
+
 def _price(where: str, provider: str, model: str, entry: Any) -> Price:
     if not isinstance(entry, Mapping) or not {"input", "output"} <= set(entry):
         raise PriceError(f"{where}: expected {{input: USD, output: USD}} per million tokens")
+    if unknown := sorted(set(map(str, entry)) - set(_RATES) - {"from"}):
+        raise PriceError(f"{where}: unknown rate {unknown[0]!r}; rates are "
+                         f"{', '.join(_RATES)} (and from)")
     try:
-        amounts = {name: Decimal(str(entry[name])) for name in ("input", "output", "cached_input")
-                   if entry.get(name) is not None}
+        rates = {field: Decimal(str(entry[name])) for name, field in _RATES.items()
+                 if entry.get(name) is not None}
     except ArithmeticError:
         raise PriceError(f"{where}: prices must be numbers") from None
-    if any(amount < 0 for amount in amounts.values()):
-        raise PriceError(f"{where}: prices must not be negative")
-    return Price(provider, model, amounts["input"], amounts["output"],
-                 _moment(where, entry.get("from")), amounts.get("cached_input"))
+    if any(not rate.is_finite() or rate < 0 for rate in rates.values()):
+        raise PriceError(f"{where}: prices must be finite and not negative")
+    return Price(provider=provider, model=model, effective_from=_moment(where, entry.get("from")),
+                 **rates)
 
 
 def _moment(where: str, raw: Any) -> float:

@@ -1,5 +1,6 @@
-"""Usage reports: requests, errors, tokens, cost and latency percentiles, grouped by key,
-subject, model, provider or day, over a time range. One query for both stores (the
+"""Usage reports: requests, errors, tokens (of them cache reads, cache writes and
+reasoning), cost and latency percentiles, grouped by key, subject, protocol, model,
+provider or day, over a time range. One query for both stores (the
 dialects differ in placeholders, day arithmetic and how money is stored), aggregated in
 the database so a report over millions of rows moves only its groups."""
 
@@ -14,10 +15,13 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-GROUPS = ("key", "subject", "model", "provider", "day")
+GROUPS = ("key", "subject", "protocol", "model", "provider", "day")
 MONEY_UNITS = Decimal(10) ** 10  # SQLite keeps money as integer counts of 1e-10 USD
-METRICS = ("requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens",
-           "cost_usd", "provider_cost_usd", "latency_p50_ms", "latency_p95_ms")
+# The token columns a report sums, in its order.
+TOKEN_SUMS = ("prompt_tokens", "completion_tokens", "total_tokens", "cache_read_tokens",
+              "cache_write_tokens", "cache_write_1h_tokens", "reasoning_tokens")
+MONEY_SUMS = ("cost_usd", "provider_cost_usd")
+METRICS = ("requests", "errors", *TOKEN_SUMS, *MONEY_SUMS, "latency_p50_ms", "latency_p95_ms")
 
 
 # A spreadsheet runs a cell that starts with one of these as a formula (=HYPERLINK(...),
@@ -36,7 +40,8 @@ def _group_columns(by: Sequence[str], dialect: str) -> list[tuple[str, str]]:
            else "to_char(started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')")
     expressions = {
         "key": [("key_id", "key_id"), ("key_prefix", "key_prefix")],
-        "subject": [("subject", "subject_id")], "model": [("model", "model")],
+        "subject": [("subject", "subject_id")], "protocol": [("protocol", "protocol")],
+        "model": [("model", "model")],
         "provider": [("provider", "provider")], "day": [("day", day)],
     }
     columns: list[tuple[str, str]] = []
@@ -60,10 +65,9 @@ def report_sql(by: Sequence[str], dialect: str, since: float | None,
             params.append(bound if dialect == "sqlite" else datetime.fromtimestamp(bound, UTC))
     names = ", ".join(name for name, _ in columns)
     selected = ", ".join(f"{expression} AS {name}" for name, expression in columns)
-    sums = """count(*),
-               sum(CASE WHEN status >= 400 OR error_code IS NOT NULL THEN 1 ELSE 0 END),
-               sum(prompt_tokens), sum(completion_tokens), sum(total_tokens),
-               sum(cost_usd), sum(provider_cost_usd)"""
+    sums = ", ".join((
+        "count(*)", "sum(CASE WHEN status >= 400 OR error_code IS NOT NULL THEN 1 ELSE 0 END)",
+        *(f"sum({column})" for column in (*TOKEN_SUMS, *MONEY_SUMS))))
     where_sql = f"WHERE {' AND '.join(where)}" if where else ""
     if not latency:
         sql = f"""
@@ -90,8 +94,8 @@ def report_sql(by: Sequence[str], dialect: str, since: float | None,
             FROM (
                 SELECT base.*, cume_dist() OVER (PARTITION BY {names} ORDER BY duration_ms)
                                AS reached
-                FROM (SELECT {selected}, duration_ms, status, error_code, prompt_tokens,
-                             completion_tokens, total_tokens, cost_usd, provider_cost_usd
+                FROM (SELECT {selected}, duration_ms, status, error_code,
+                             {", ".join((*TOKEN_SUMS, *MONEY_SUMS))}
                       FROM usage_records {where_sql}) AS base
             ) AS ranked GROUP BY {names} ORDER BY {names}
         """
@@ -111,8 +115,8 @@ async def usage_report(store: Any, by: Sequence[str], since: float | None = None
                        until: float | None = None, *,
                        latency: bool = True) -> list[dict[str, Any]]:
     """Rows with the grouping fields (for key: key_id, key_prefix, key_name, subject) and
-    requests, errors, tokens, cost_usd and provider_cost_usd (decimal strings), p50/p95
-    latency in ms."""
+    requests, errors, the sums of TOKEN_SUMS, cost_usd and provider_cost_usd (decimal
+    strings), p50/p95 latency in ms."""
     by = ["key", "subject", *[f for f in by if f not in ("key", "subject")]] \
         if "key" in by else list(by)
     dialect = getattr(store, "dialect", "sqlite")
@@ -124,15 +128,14 @@ async def usage_report(store: Any, by: Sequence[str], since: float | None = None
     for row in rows:
         group = dict(zip(names, row[: len(names)], strict=True))
         group.pop("everything", None)
-        values = row[len(names):]
+        values = dict(zip(METRICS, row[len(names):], strict=False))
         entry: dict[str, Any] = {**group}
         if "key" in by:
-            entry["key_name"] = values[9] or ""
-        entry.update(zip(METRICS, (
-            int(values[0]), int(values[1] or 0), int(values[2] or 0), int(values[3] or 0),
-            int(values[4] or 0), _money(values[5], dialect), _money(values[6], dialect),
-            _ms(values[7]), _ms(values[8]),
-        ), strict=True))
+            entry["key_name"] = row[len(names) + len(METRICS)] or ""
+        for name in METRICS:
+            value = values[name]
+            entry[name] = (_money(value, dialect) if name in MONEY_SUMS
+                           else _ms(value) if name.startswith("latency_") else int(value or 0))
         report.append(entry)
     return report
 

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from llm_gateway.admin.common import parse_time
-from llm_gateway.admin.service import AdminService, budget_fields, price_fields
+from llm_gateway.admin.service import OPTIONAL_RATES, AdminService, budget_fields, price_fields
 from llm_gateway.billing.model import BudgetScope
 from llm_gateway.cli.admin import run_admin, when
 from llm_gateway.cli.common import EXIT_CONFIG
@@ -17,6 +17,12 @@ from llm_gateway.cli.common import EXIT_CONFIG
 _USD_OPTIONS = ("daily_usd", "monthly_usd")
 _COUNT_OPTIONS = ("daily_tokens", "monthly_tokens", "tokens_per_minute", "max_output_tokens")
 _NO_LIMIT = "none"
+# The options of a price's optional rates: (its field, what it is priced at when unset).
+_OPTIONAL_RATE_OPTIONS = {
+    "--cached-input": ("cached_input_per_mtok", "the input price"),
+    "--cache-write": ("cache_write_per_mtok", "the input price"),
+    "--cache-write-1h": ("cache_write_1h_per_mtok", "--cache-write, else the input price"),
+}
 
 
 def register(commands: Any) -> None:
@@ -27,7 +33,10 @@ def register(commands: Any) -> None:
     set_price.add_argument("--model", required=True, help="the provider's model name")
     set_price.add_argument("--input", required=True, metavar="USD", help="per million tokens")
     set_price.add_argument("--output", required=True, metavar="USD", help="per million tokens")
-    set_price.add_argument("--cached-input", metavar="USD", help="per million tokens")
+    # Each rate a price may leave unset, by the option that sets it.
+    for option, (name, fallback) in _OPTIONAL_RATE_OPTIONS.items():
+        set_price.add_argument(option, dest=name, metavar="USD",
+                               help=f"per million tokens (default: {fallback})")
     set_price.add_argument("--from", dest="effective_from", metavar="ISO8601",
                            help="when it takes effect (default: now)")
     set_price.set_defaults(handler=cmd_prices_set)
@@ -72,14 +81,17 @@ def cmd_prices_set(args: argparse.Namespace) -> int:
         start = parse_time(args.effective_from, "--from") if args.effective_from else None
         return service.set_price(provider=args.provider, model=args.model,
                                  input_per_mtok=args.input, output_per_mtok=args.output,
-                                 cached_input_per_mtok=args.cached_input, effective_from=start)
+                                 effective_from=start,
+                                 **{name: getattr(args, name) for name in OPTIONAL_RATES})
 
     status, price = run_admin(args, "prices set", work)
     if price is not None:
         fields = price_fields(price)
-        print(f"{price.provider}/{price.model}: input {fields['input_per_mtok']}, output "
-              f"{fields['output_per_mtok']} USD per million tokens from "
-              f"{when(price.effective_from)}")
+        rates = [f"{label} {fields[name]}" for name, label in
+                 (("input_per_mtok", "input"), ("output_per_mtok", "output"),
+                  *OPTIONAL_RATES.items()) if fields[name] is not None]
+        print(f"{price.provider}/{price.model}: {', '.join(rates)} USD per million tokens "
+              f"from {when(price.effective_from)}")
     return status
 
 
@@ -91,11 +103,14 @@ def cmd_prices_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"{'PROVIDER':<12} {'MODEL':<28} {'INPUT':>12} {'OUTPUT':>12} {'CACHED':>12} FROM")
+    rates = ("input_per_mtok", "output_per_mtok", *OPTIONAL_RATES)
+    headings = ("INPUT", "OUTPUT", "CACHE READ", "CACHE WRITE", "WRITE 1H")
+    print(f"{'PROVIDER':<12} {'MODEL':<28} "
+          + "".join(f"{heading:>12} " for heading in headings) + "FROM")
     for row in rows:
-        print(f"{row['provider'][:12]:<12} {row['model'][:28]:<28} {row['input_per_mtok']:>12} "
-              f"{row['output_per_mtok']:>12} {row['cached_input_per_mtok'] or '-':>12} "
-              f"{when(row['effective_from'])}")
+        print(f"{row['provider'][:12]:<12} {row['model'][:28]:<28} "
+              + "".join(f"{row[name] or '-':>12} " for name in rates)
+              + when(row["effective_from"]))
     return 0
 
 

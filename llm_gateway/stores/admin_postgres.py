@@ -32,7 +32,7 @@ def _epoch(column: str) -> str:
 
 
 _PRICE_SELECT = ("provider, model, input_per_mtok, output_per_mtok, cached_input_per_mtok, "
-                 + _epoch("effective_from"))
+                 "cache_write_per_mtok, cache_write_1h_per_mtok, " + _epoch("effective_from"))
 _BUDGET_COLUMNS = ("scope, scope_id, daily_usd, monthly_usd, daily_tokens, monthly_tokens, "
                    "tokens_per_minute, max_output_tokens, over_cap, stop_streams_at_budget")
 _TOKEN_SELECT = ("id, name, prefix, token_hash, " + _epoch("created_at") + ", "
@@ -52,7 +52,8 @@ def _as_uuid(text: str) -> uuid.UUID | None:
 
 def _row_to_price(row: tuple[Any, ...]) -> Price:
     return Price(provider=row[0], model=row[1], input_per_mtok=row[2], output_per_mtok=row[3],
-                 cached_input_per_mtok=row[4], effective_from=row[5])
+                 cached_input_per_mtok=row[4], cache_write_per_mtok=row[5],
+                 cache_write_1h_per_mtok=row[6], effective_from=row[7])
 
 
 def _row_to_budget(row: tuple[Any, ...]) -> Budget:
@@ -205,12 +206,16 @@ class AdminPostgresMixin:
         await self._audited(
             audit,
             "INSERT INTO prices (provider, model, input_per_mtok, output_per_mtok, "
-            "cached_input_per_mtok, effective_from) VALUES (%s, %s, %s, %s, %s, to_timestamp(%s)) "
+            "cached_input_per_mtok, cache_write_per_mtok, cache_write_1h_per_mtok, "
+            "effective_from) VALUES (%s, %s, %s, %s, %s, %s, %s, to_timestamp(%s)) "
             "ON CONFLICT (provider, model, effective_from) DO UPDATE SET "
             "input_per_mtok = excluded.input_per_mtok, output_per_mtok = excluded.output_per_mtok, "
-            "cached_input_per_mtok = excluded.cached_input_per_mtok",
+            "cached_input_per_mtok = excluded.cached_input_per_mtok, "
+            "cache_write_per_mtok = excluded.cache_write_per_mtok, "
+            "cache_write_1h_per_mtok = excluded.cache_write_1h_per_mtok",
             (price.provider, price.model, price.input_per_mtok, price.output_per_mtok,
-             price.cached_input_per_mtok, price.effective_from),
+             price.cached_input_per_mtok, price.cache_write_per_mtok,
+             price.cache_write_1h_per_mtok, price.effective_from),
         )
 
     async def prices(self) -> list[Price]:

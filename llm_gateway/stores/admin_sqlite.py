@@ -19,7 +19,7 @@ from llm_gateway.stores.admin import (
 )
 
 _PRICE_COLUMNS = ("provider, model, input_per_mtok, output_per_mtok, cached_input_per_mtok, "
-                  "effective_from")
+                  "cache_write_per_mtok, cache_write_1h_per_mtok, effective_from")
 _BUDGET_COLUMNS = ("scope, scope_id, daily_usd, monthly_usd, daily_tokens, monthly_tokens, "
                    "tokens_per_minute, max_output_tokens, over_cap, stop_streams_at_budget")
 _TOKEN_COLUMNS = "id, name, prefix, token_hash, created_at, revoked_at, last_used_at"
@@ -37,7 +37,8 @@ def _decimal(text: str | None) -> Decimal | None:
 def _row_to_price(row: tuple[Any, ...]) -> Price:
     return Price(provider=row[0], model=row[1], input_per_mtok=Decimal(row[2]),
                  output_per_mtok=Decimal(row[3]), cached_input_per_mtok=_decimal(row[4]),
-                 effective_from=row[5])
+                 cache_write_per_mtok=_decimal(row[5]), cache_write_1h_per_mtok=_decimal(row[6]),
+                 effective_from=row[7])
 
 
 def _row_to_budget(row: tuple[Any, ...]) -> Budget:
@@ -176,9 +177,11 @@ class AdminSqliteMixin:
     async def set_price(self, price: Price, *, audit: AuditEvent) -> None:
         values = (price.provider, price.model, _text(price.input_per_mtok),
                   _text(price.output_per_mtok), _text(price.cached_input_per_mtok),
+                  _text(price.cache_write_per_mtok), _text(price.cache_write_1h_per_mtok),
                   price.effective_from)
         await self._run(lambda db: _audited(db, audit, lambda: db.execute(
-            f"INSERT OR REPLACE INTO prices ({_PRICE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)", values
+            f"INSERT OR REPLACE INTO prices ({_PRICE_COLUMNS}) "
+            f"VALUES ({', '.join('?' * len(values))})", values
         )))
 
     async def prices(self) -> list[Price]:

@@ -775,4 +775,80 @@ MIGRATIONS: tuple[Migration, ...] = (
         END $$;
         """,
     ),
+    Migration(
+        8,
+        "usage records by protocol, with cache reads, cache writes and reasoning; prices of "
+        "cache writes",
+        # cached_tokens becomes cache_read_tokens, beside the tokens written to the cache
+        # (of them, those kept for an hour) and those spent reasoning. On Postgres every
+        # ALTER of the partitioned table reaches each day's partition, and partitions made
+        # later copy the parent; the new CHECKs are NOT VALID there because every existing
+        # row holds the default 0, which meets them, so no scan of the whole usage history
+        # runs under the table's exclusive lock (they hold for every row written after).
+        # A price's cache-write rates: NULL means the input rate (for 1-hour writes, the
+        # 5-minute rate if there is one).
+        sqlite="""
+        ALTER TABLE usage_records RENAME COLUMN cached_tokens TO cache_read_tokens;
+        ALTER TABLE usage_records ADD COLUMN protocol TEXT NOT NULL DEFAULT '';
+        ALTER TABLE usage_records ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0
+            CHECK (cache_write_tokens >= 0);
+        ALTER TABLE usage_records ADD COLUMN cache_write_1h_tokens INTEGER NOT NULL DEFAULT 0
+            CHECK (cache_write_1h_tokens >= 0);
+        ALTER TABLE usage_records ADD COLUMN reasoning_tokens INTEGER NOT NULL DEFAULT 0
+            CHECK (reasoning_tokens >= 0);
+        ALTER TABLE prices ADD COLUMN cache_write_per_mtok TEXT;
+        ALTER TABLE prices ADD COLUMN cache_write_1h_per_mtok TEXT;
+        """,
+        postgres="""
+        ALTER TABLE usage_records RENAME COLUMN cached_tokens TO cache_read_tokens;
+        ALTER TABLE usage_records RENAME CONSTRAINT usage_records_cached_tokens_check
+            TO usage_records_cache_read_tokens_check;
+        ALTER TABLE usage_records
+            ADD COLUMN protocol TEXT NOT NULL DEFAULT '',
+            ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0,
+            ADD COLUMN cache_write_1h_tokens INTEGER NOT NULL DEFAULT 0,
+            ADD COLUMN reasoning_tokens INTEGER NOT NULL DEFAULT 0,
+            ADD CONSTRAINT usage_records_cache_write_tokens_check
+                CHECK (cache_write_tokens >= 0) NOT VALID,
+            ADD CONSTRAINT usage_records_cache_write_1h_tokens_check
+                CHECK (cache_write_1h_tokens >= 0) NOT VALID,
+            ADD CONSTRAINT usage_records_reasoning_tokens_check
+                CHECK (reasoning_tokens >= 0) NOT VALID;
+        ALTER TABLE prices
+            ADD COLUMN cache_write_per_mtok NUMERIC CHECK (cache_write_per_mtok >= 0),
+            ADD COLUMN cache_write_1h_per_mtok NUMERIC CHECK (cache_write_1h_per_mtok >= 0);
+        """,
+    ),
+    Migration(
+        9,
+        "response owners: who created each Responses API id, where, until when",
+        # The providers hold one key for every caller, so the gateway keeps stored
+        # responses apart (llm_gateway.stores.responses): one row per response id, kept
+        # until expires_at (RESPONSES_RETENTION_DAYS), swept by its index. key_id has no
+        # foreign key: JWT callers have no key, and a binding may outlive its key's row.
+        sqlite="""
+        CREATE TABLE response_owners (
+            response_id TEXT PRIMARY KEY CHECK (length(response_id) > 0),
+            subject_id TEXT NOT NULL CHECK (length(subject_id) > 0),
+            key_id TEXT,
+            provider TEXT NOT NULL CHECK (length(provider) > 0),
+            model TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            expires_at REAL NOT NULL CHECK (expires_at >= created_at)
+        );
+        CREATE INDEX response_owners_expires ON response_owners (expires_at);
+        """,
+        postgres="""
+        CREATE TABLE response_owners (
+            response_id TEXT PRIMARY KEY CHECK (length(response_id) > 0),
+            subject_id TEXT NOT NULL CHECK (length(subject_id) > 0),
+            key_id TEXT,
+            provider TEXT NOT NULL CHECK (length(provider) > 0),
+            model TEXT NOT NULL,
+            created_at TIMESTAMPTZ NOT NULL,
+            expires_at TIMESTAMPTZ NOT NULL CHECK (expires_at >= created_at)
+        );
+        CREATE INDEX response_owners_expires ON response_owners (expires_at);
+        """,
+    ),
 )

@@ -29,15 +29,18 @@ def partition_name(day: date) -> str:
     return f"{PARTITION_PREFIX}{day:%Y%m%d}"
 
 
+# How a record's field is kept in its column, where it is not kept as it is.
+_TO_COLUMN: dict[str, Callable[[Any], Any]] = {
+    "started_at": _moment, "ended_at": _moment, "finish_reasons": list,
+}
+
+
 def _row(r: UsageRecord) -> tuple[Any, ...]:
-    return (
-        r.request_id, _moment(r.started_at), _moment(r.ended_at), r.key_id, r.key_prefix,
-        r.subject_id, r.adapter, r.endpoint, r.model, r.provider, r.upstream_model, r.stream,
-        r.status, r.error_code, r.error_message, r.prompt_tokens, r.completion_tokens,
-        r.total_tokens, r.cached_tokens, r.tokens_estimated, r.cost_usd, r.provider_cost_usd,
-        r.provider_cost_diem, r.duration_ms, r.ttfb_ms, r.first_chunk_ms, r.max_gap_ms,
-        r.attempts, r.response_id, list(r.finish_reasons), r.trace_id,
-    )
+    return tuple(_TO_COLUMN.get(name, _same)(getattr(r, name)) for name in USAGE_COLUMNS)
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def _record(row: tuple[Any, ...]) -> UsageRecord:

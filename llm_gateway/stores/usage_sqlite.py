@@ -23,15 +23,19 @@ def from_units(units: int | None) -> Decimal | None:
     return None if units is None else Decimal(units) / MONEY_UNITS
 
 
+# How a record's field is kept in its column, where it is not kept as it is.
+_TO_COLUMN: dict[str, Callable[[Any], Any]] = {
+    "stream": int, "tokens_estimated": int, "finish_reasons": json.dumps,
+    "cost_usd": to_units, "provider_cost_usd": to_units, "provider_cost_diem": to_units,
+}
+
+
 def _row(r: UsageRecord) -> tuple[Any, ...]:
-    return (
-        r.request_id, r.started_at, r.ended_at, r.key_id, r.key_prefix, r.subject_id, r.adapter,
-        r.endpoint, r.model, r.provider, r.upstream_model, int(r.stream), r.status, r.error_code,
-        r.error_message, r.prompt_tokens, r.completion_tokens, r.total_tokens, r.cached_tokens,
-        int(r.tokens_estimated), to_units(r.cost_usd), to_units(r.provider_cost_usd),
-        to_units(r.provider_cost_diem), r.duration_ms, r.ttfb_ms, r.first_chunk_ms,
-        r.max_gap_ms, r.attempts, r.response_id, json.dumps(r.finish_reasons), r.trace_id,
-    )
+    return tuple(_TO_COLUMN.get(name, _same)(getattr(r, name)) for name in USAGE_COLUMNS)
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def _record(row: tuple[Any, ...]) -> UsageRecord:

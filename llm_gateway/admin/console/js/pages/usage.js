@@ -9,7 +9,7 @@ import { dayRange, seriesByName, stackedBars } from "../chart.js";
 import { DAY, card, dayStart, downloadCsv, empty, field, fmt, h, isoDay, pageHeader, table } from "../ui.js";
 
 const RANGES = [["1", "Today"], ["7", "Last 7 days"], ["30", "Last 30 days"], ["90", "Last 90 days"]];
-const GROUPS = [["model", "Model"], ["key", "Key"], ["subject", "Subject"], ["provider", "Provider"], ["day", "Day"]];
+const GROUPS = [["model", "Model"], ["key", "Key"], ["subject", "Subject"], ["protocol", "Protocol"], ["provider", "Provider"], ["day", "Day"]];
 const FILTERS = { key: "key_id", subject: "subject", model: "model" };
 const state = { range: "7", key: "", subject: "", model: "", group: "model" };
 
@@ -119,13 +119,18 @@ function usageTable(rows) {
     { label: "Errors", class: "num", render: (r) => fmt.int(r.errors) },
     { label: "Prompt tokens", class: "num", render: (r) => fmt.int(r.prompt_tokens) },
     { label: "Completion tokens", class: "num", render: (r) => fmt.int(r.completion_tokens) },
+    // Parts of the two above: prompt tokens count cache reads and writes, completion tokens reasoning.
+    { label: "Cache read", class: "num", render: (r) => fmt.int(r.cache_read_tokens) },
+    { label: "Cache write", class: "num", render: (r) => fmt.int(r.cache_write_tokens) },
+    { label: "Reasoning", class: "num", render: (r) => fmt.int(r.reasoning_tokens) },
     { label: "Spend", class: "num", render: (r) => fmt.usd(r.cost_usd) },
     { label: "p50", class: "num", render: (r) => fmt.ms(r.latency_p50_ms) },
     { label: "p95", class: "num", render: (r) => fmt.ms(r.latency_p95_ms) },
   ], sorted, { caption: `Usage by ${state.group}` });
 }
 
-const METRICS = ["requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens", "cost_usd",
+const METRICS = ["requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens",
+  "cache_read_tokens", "cache_write_tokens", "cache_write_1h_tokens", "reasoning_tokens", "cost_usd",
   "provider_cost_usd", "latency_p50_ms", "latency_p95_ms"];
 
 // The report's columns, as `llm-gateway usage report --format csv` has them: the grouping
