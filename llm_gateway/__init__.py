@@ -1,4 +1,5 @@
-"""llm-gateway: one policy engine for OpenAI-compatible LLM traffic.
+"""llm-gateway: one policy engine for LLM traffic (OpenAI chat completions, embeddings and
+Responses; Anthropic Messages).
 
 The public API. Names are imported on first use, so that importing one part of the
 package (the injector, the fake upstream, the CLI's ``--help``) does not load the engine.
@@ -16,7 +17,8 @@ if TYPE_CHECKING:
     from llm_gateway.wiring import build_gateway
 
 __all__ = ["Gateway", "GatewayError", "IncomingRequest", "Settings", "acting_as",
-           "async_openai_client", "build_gateway", "load_settings", "openai_client"]
+           "anthropic_client", "async_anthropic_client", "async_openai_client", "build_gateway",
+           "load_settings", "openai_client"]
 
 _HOMES = {
     "Gateway": "llm_gateway.engine",
@@ -28,6 +30,8 @@ _HOMES = {
     "GatewayError": "llm_gateway.adapters.identity",
     "openai_client": "llm_gateway.httpx",
     "async_openai_client": "llm_gateway.httpx",
+    "anthropic_client": "llm_gateway.httpx",
+    "async_anthropic_client": "llm_gateway.httpx",
 }
 
 

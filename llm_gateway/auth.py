@@ -102,7 +102,7 @@ class Authenticator:
             return invalid_api_key()
         refusal = record.refusal(now)
         if refusal is not None:
-            return invalid_api_key(f"Gateway key {record.prefix}… is {refusal}.")
+            return invalid_api_key(f"Gateway key {record.prefix}… is {refusal}.", final=True)
         if now - self._touched.get(record.id, 0.0) >= TOUCH_INTERVAL_SECONDS:
             self._touched[record.id] = now
             self.pending_touches[record.id] = now

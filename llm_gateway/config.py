@@ -107,7 +107,13 @@ class FailurePolicy(StrEnum):
     FAIL_CLOSED = "fail-closed"  # refuse with 503 until the backend is back
 
 
-DEFAULT_ENDPOINTS = ("POST /chat/completions", "POST /embeddings", "GET /models")
+DEFAULT_ENDPOINTS = (
+    "POST /chat/completions", "POST /embeddings", "GET /models", "GET /models/{id}",
+    "POST /messages", "POST /messages/count_tokens",
+    "POST /responses", "GET /responses/{id}", "DELETE /responses/{id}",
+    "POST /responses/{id}/cancel", "GET /responses/{id}/input_items",
+    "POST /responses/input_tokens", "POST /responses/compact",
+)
 # The keys of the settings file that are routes: read by llm_gateway.routing, and reloaded
 # while the gateway runs; every other key is a setting.
 ROUTE_KEYS = ("providers", "models", "default_provider", "unknown_models", "routing")
@@ -168,6 +174,8 @@ class Settings:
     # (0: all; on Postgres whole day partitions are dropped).
     usage_spool_dir: str | None = None
     usage_retention_days: int = 0
+    # How long the gateway remembers whose a stored response (OpenAI Responses) is.
+    responses_retention_days: int = 30
     # observability: how keys are named in metric labels (prefix, name, or none for
     # fleets with very many keys), the access log, process log format, audit capture.
     metrics_key_label: str = "prefix"
@@ -395,7 +403,7 @@ def _endpoints(raw: Any) -> tuple[str, ...]:
     endpoints = []
     for item in raw:
         method, _, path = str(item).partition(" ")
-        if method.upper() not in {"GET", "POST"} or not path.startswith("/"):
+        if method.upper() not in {"GET", "POST", "DELETE"} or not path.startswith("/"):
             raise ValueError(f"expected 'METHOD /path', got {item!r}")
         endpoints.append(f"{method.upper()} {path.rstrip('/')}")
     return tuple(endpoints)
@@ -459,6 +467,7 @@ VARIABLES: tuple[Variable, ...] = (
     # accounting
     Variable("USAGE_SPOOL_DIR", "usage_spool_dir", _text, blank_is_unset=True),
     Variable("USAGE_RETENTION_DAYS", "usage_retention_days", _integer(0)),
+    Variable("RESPONSES_RETENTION_DAYS", "responses_retention_days", _integer(1)),
     # observability
     Variable("METRICS_KEY_LABEL", "metrics_key_label", _one_of("none", "prefix", "name")),
     Variable("ACCESS_LOG", "access_log", _one_of("json", "off")),

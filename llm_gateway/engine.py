@@ -54,7 +54,14 @@ from llm_gateway.http_types import (
 from llm_gateway.interception import Interception
 from llm_gateway.keys import KeyRecord
 from llm_gateway.limits import Guard, LimitDecision, LimiterUnavailable, RateLimiter
-from llm_gateway.protocols import Endpoint, OpenAICompatible, protocol_at
+from llm_gateway.protocols import (
+    RESOURCE,
+    Endpoint,
+    OpenAICompatible,
+    matches,
+    operation_of,
+    protocol_at,
+)
 from llm_gateway.providers import UnsupportedParameter, profile_named
 from llm_gateway.readiness import Readiness, probe
 from llm_gateway.relay import Relay, failed_requests_bucket, failure_response
@@ -114,9 +121,11 @@ class Gateway:
         self.usage = usage
         self.telemetry = telemetry
         self.endpoints = {
-            (method, path): Endpoint(method, path, protocol_at(path))
+            (method, path): Endpoint(method, path, operation_of(method, path))
             for method, _, path in (e.partition(" ") for e in settings.allowed_endpoints)
         }
+        # Endpoints whose path names a resource (/responses/{id}): matched in turn.
+        self._patterned = [e for e in self.endpoints.values() if RESOURCE in e.path]
         self.interception = Interception(settings, router)
         # Asked by the sidecar's hooks (interception.py).
         self.api_root_for_host = self.interception.api_root_for_host
@@ -196,28 +205,7 @@ class Gateway:
     def routes_view(self) -> dict[str, object]:
         """The routes in force and each target's health: for /readyz, the admin API and
         ``routes show``."""
-        table = self.router.table
-        states = self.router.states()
-        return {
-            "version": table.version, "refused": self.routes.last_error,
-            "default_provider": table.default_provider,
-            "unknown_models": table.unknown_models,
-            "providers": {
-                name: {"base_url": p.base_url, "profile": p.profile,
-                       "source": table.sources.get(f"providers.{name}", "file"),
-                       "max_concurrency": p.max_concurrency,
-                       "in_flight": self.router.bulkhead.in_flight(name)}
-                for name, p in table.providers.items()
-            },
-            "models": {
-                name: {"source": table.sources.get(f"models.{name}", "file"),
-                       "targets": [{"provider": t.provider, "model": t.model,
-                                    "weight": t.weight, "priority": t.priority,
-                                    "state": states.get(t.key, "healthy")}
-                                   for t in route.targets]}
-                for name, route in table.models.items()
-            },
-        }
+        return self.router.view(self.routes.last_error)
 
     async def ready(self) -> bool:
         return (await self.readiness()).ready
@@ -260,7 +248,12 @@ class Gateway:
     # ---- admission ----------------------------------------------------------------
 
     def endpoint_for(self, method: str, path: str) -> Endpoint | None:
-        return self.endpoints.get((method, path.rstrip("/") or "/"))
+        path = path.rstrip("/") or "/"
+        found = self.endpoints.get((method, path))
+        if found is None and self._patterned:
+            found = next((endpoint for endpoint in self._patterned if endpoint.method == method
+                          and matches(endpoint.path, path) is not None), None)
+        return found
 
     async def admit(self, request: IncomingRequest) -> Exchange | Rejection:
         """Every request gets an id and a place in a trace first, so that every answer,
@@ -288,7 +281,7 @@ class Gateway:
                                                   request.header("traceparent"))
         answer = dataclasses.replace(
             rejection, headers=[*rejection.headers, *answer_ids(request_id, current.trace_id)],
-            shape=protocol_at(request.path).error_shape)
+            shape=protocol_at(request.path).error_shape_for(request))
         self.telemetry.rejected(current, answer, request_id=request_id, adapter=request.adapter,
                                 method=request.method, path=request.path, key=key)
         return answer
@@ -304,7 +297,7 @@ class Gateway:
         # An in-process adapter that established the caller itself (acting_as) hands the
         # principal over; everyone else is authenticated from the request's credential.
         key = (request.principal if request.principal is not None
-               else await self.auth.authenticate(request.header("authorization")))
+               else await self.auth.authenticate(endpoint.protocol.credential(request)))
         if isinstance(key, Rejection):
             return key, None
         return await self._admit_key(request, request_id, current, endpoint, key), key
@@ -324,7 +317,8 @@ class Gateway:
         if isinstance(plan, Rejection):
             return plan
         try:  # a key store that does not answer: its policy (fail-open never raises)
-            budgets = await self.quotas.limits_for(key.id, key.subject_id) if payload else None
+            budgets = (await self.quotas.limits_for(key.id, key.subject_id)
+                       if payload and endpoint.operation.billed else None)
         except BudgetsUnavailable:
             return errors.key_store_unavailable()
         if budgets is None:
@@ -401,10 +395,11 @@ class Gateway:
         """Where the request may go: the alias's targets that are up, fit its prompt and
         whose provider can take its parameters; no alias: the provider of the host it
         was sent to (the sidecar's), else the default provider."""
-        if payload is None:
-            return self.router.plan_default(called_host)
         protocol = endpoint.protocol
-        plan = self.router.plan(payload["model"], protocol.prompt_tokens(payload), called_host)
+        if payload is None:
+            return self.router.plan_default(called_host, protocol.wire)
+        plan = self.router.plan(payload["model"], protocol.prompt_tokens(payload), called_host,
+                                protocol.wire)
         if isinstance(plan, Rejection):
             return plan
         stream = payload.get("stream") is True
@@ -480,7 +475,7 @@ async def _ended_on_failure(exchange: Exchange, response: GatewayResponse,
         log.exception("the engine failed during the stream of request %s", exchange.request_id)
         exchange.fail(500, "gateway_error", _ENGINE_FAILED)
         exchange.ending = True
-        yield exchange.protocol.stream_error("gateway_error", _ENGINE_FAILED)
+        yield exchange.protocol.stream_error("gateway_error", _ENGINE_FAILED, exchange.facts)
     else:
         response.ended = True
     finally:

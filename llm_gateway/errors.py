@@ -39,6 +39,8 @@ CATALOGUE: dict[str, ErrorKind] = {kind.code: kind for kind in (
               "`max_tokens` above the key's cap, when its budget says reject"),
     ErrorKind(400, "invalid_request_error", "unsupported_parameter",
               "a parameter the chosen provider cannot take (refused before the call)"),
+    ErrorKind(400, "invalid_request_error", "unsupported_protocol",
+              "no target of the model speaks the request's protocol (refused before the call)"),
     ErrorKind(403, "permission_error", "model_not_allowed", "model not allowed for the key"),
     ErrorKind(403, "permission_error", "endpoint_not_allowed",
               "a provider path the gateway does not forward (billing, account, keys)"),
@@ -99,13 +101,13 @@ def error_body_for(code: str, message: str) -> bytes:
     return error_body(message, kind.type, kind.code)
 
 
-# How an answer's error is written: (type, code, message) to the body's bytes. OpenAI's is
-# the default; each client protocol has its own (llm_gateway.protocols), set on a rejection
-# once the engine knows whose request it answers.
-ErrorShape = Callable[[str, str, str], bytes]
+# How an answer's error is written: (status, type, code, message) to the body's bytes.
+# OpenAI's is the default; each client protocol has its own (llm_gateway.protocols), set on
+# a rejection once the engine knows whose request it answers.
+ErrorShape = Callable[[int, str, str, str], bytes]
 
 
-def openai_error(type_: str, code: str, message: str) -> bytes:
+def openai_error(status: int, type_: str, code: str, message: str) -> bytes:
     return error_body(message, type_, code)
 
 
@@ -124,7 +126,7 @@ class Rejection:
 
     @property
     def body(self) -> bytes:
-        return self.shape(self.type, self.code, self.text)
+        return self.shape(self.status, self.type, self.code, self.text)
 
     def all_headers(self) -> Headers:
         return [("content-type", "application/json"), *self.headers]
@@ -159,8 +161,9 @@ def malformed_http() -> Rejection:
     return reject("malformed_http", "What was sent is not a valid HTTP/1.1 request.")
 
 
-def invalid_api_key(message: str = "Invalid gateway key.") -> Rejection:
-    return reject("invalid_api_key", message)
+def invalid_api_key(message: str = "Invalid gateway key.", *, final: bool = False) -> Rejection:
+    """``final``: the key exists but will not work again (revoked, disabled, expired)."""
+    return reject("invalid_api_key", message, [FINAL] if final else None)
 
 
 def model_not_allowed(model: str) -> Rejection:
@@ -216,13 +219,18 @@ def too_many_failed_requests(limit: int, window: int) -> Rejection:
     )
 
 
+# What tells both SDKs (openai, anthropic) not to retry what cannot succeed by retrying: a
+# spent budget, a revoked, disabled or expired key.
+FINAL = ("x-should-retry", "false")
+
+
 def insufficient_quota(limit: str, headers: Headers) -> Rejection:
     what = {"usd": "USD budget", "tok": "token budget"}.get(limit.partition(":")[0], "budget")
     return reject(
         "insufficient_quota",
         f"This request would exceed the {what} of this gateway key or its subject "
         f"({limit.split(':', 1)[-1]}). It resets with its window.",
-        headers,
+        [*headers, FINAL],
     )
 
 
@@ -237,6 +245,11 @@ def tokens_per_minute_exceeded(headers: Headers) -> Rejection:
 def max_tokens_too_large(cap: int) -> Rejection:
     return reject("max_tokens_too_large",
                   f"max_tokens is above this key's cap of {cap} output tokens.")
+
+
+def unsupported_protocol(protocol: str, model: str) -> Rejection:
+    return reject("unsupported_protocol",
+                  f"No target of '{model}' speaks the {protocol} protocol this request uses.")
 
 
 def unsupported_parameter(message: str) -> Rejection:
@@ -309,4 +322,4 @@ class UpstreamFailure(Exception):
         self.kind = kind  # what it says of the target: "connect", "timeout" or "broken"
 
     def body(self, shape: ErrorShape = openai_error) -> bytes:
-        return shape(CATALOGUE[self.code].type, self.code, str(self))
+        return shape(self.status, CATALOGUE[self.code].type, self.code, str(self))

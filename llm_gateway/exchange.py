@@ -138,6 +138,12 @@ class Exchange:
         return self._prompt_estimate
 
     @property
+    def protocol_name(self) -> str:
+        """The record's ``protocol``: the wire protocol (chat, messages, ...), else the
+        endpoint's kind (models, other)."""
+        return self.protocol.wire or self.protocol.name
+
+    @property
     def end_relayed(self) -> bool:
         """The stream's end went to the client: the protocol's own (the upstream's), or
         the gateway's (an error event that ends it)."""
@@ -163,7 +169,7 @@ class Exchange:
 
     def upstream_url(self) -> str:
         assert self.provider is not None
-        return self.provider.url(self.endpoint.path, self.request.query)
+        return self.provider.url(self.request.path.rstrip("/") or "/", self.request.query)
 
     def upstream_headers(self) -> Headers:
         assert self.provider is not None
@@ -172,6 +178,9 @@ class Exchange:
                    if k not in _DROP_REQUEST_HEADERS and k not in owned
                    and not k.startswith(GATEWAY_HEADER_PREFIX)]
         headers.extend(self.provider.headers)
+        for name, value in self.profile.default_headers:  # what the caller left out
+            if all(name != sent for sent, _ in headers):
+                headers.append((name, value))
         headers.extend(self.provider.auth_headers())
         headers.append(("accept-encoding", "identity"))
         headers.append(("user-agent", USER_AGENT))
@@ -300,7 +309,8 @@ class Exchange:
             answer = self.protocol.upstream_error(self.profile, body, self.status)
             self.error_message = _message_of(answer)
             return answer
-        rewritten = self.protocol.client_body(body, self.plan.table.models, self.key.allows_model)
+        rewritten = self.protocol.client_body(self.request, body, self.plan.table.models,
+                                              self.key.allows_model)
         if rewritten is not None:
             return rewritten
         self._unread_body = body
@@ -329,8 +339,8 @@ class Exchange:
         return UsageRecord(
             request_id=self.request_id, key_id=self.key.id, key_prefix=self.key.prefix,
             subject_id=self.key.subject_id, adapter=self.request.adapter,
-            endpoint=self.protocol.name, model=self.model, stream=self.stream,
-            status=0, started_at=self.started_wall, duration_ms=0.0,
+            endpoint=self.endpoint.operation.name, protocol=self.protocol_name, model=self.model,
+            stream=self.stream, status=0, started_at=self.started_wall, duration_ms=0.0,
         )
 
     def finish(self, *, client_disconnected: bool = False) -> UsageRecord | None:
@@ -358,8 +368,8 @@ class Exchange:
         record = UsageRecord(
             request_id=self.request_id, key_id=self.key.id, key_prefix=self.key.prefix,
             subject_id=self.key.subject_id, adapter=self.request.adapter,
-            endpoint=self.protocol.name, model=self.model, stream=self.stream,
-            status=self.status if self.status is not None else 502,
+            endpoint=self.endpoint.operation.name, protocol=self.protocol_name, model=self.model,
+            stream=self.stream, status=self.status if self.status is not None else 502,
             started_at=self.started_wall, duration_ms=(time.monotonic() - self.started) * 1000,
             provider=self.target.provider if self.target else "",
             upstream_model=self.target.model if self.target and self.target.model else None,
@@ -382,7 +392,10 @@ class Exchange:
             record.prompt_tokens = facts.usage.prompt_tokens
             record.completion_tokens = facts.usage.completion_tokens
             record.total_tokens = facts.usage.total_tokens
-            record.cached_tokens = facts.usage.cached_tokens
+            record.cache_read_tokens = facts.usage.cache_read_tokens
+            record.cache_write_tokens = facts.usage.cache_write_tokens
+            record.cache_write_1h_tokens = facts.usage.cache_write_1h_tokens
+            record.reasoning_tokens = facts.usage.reasoning_tokens
             record.provider_cost_usd = decimal_or_none(facts.usage.cost_usd)
             record.provider_cost_diem = decimal_or_none(facts.usage.cost_diem)
         if facts.error is not None and record.error_message is None:

@@ -24,7 +24,7 @@ class ResponseFacts:
     it in each decoded body or event."""
 
     __slots__ = ("_profile", "_read", "done", "error", "finish_reasons", "model", "response_id",
-                 "text_chars", "usage")
+                 "state", "text_chars", "usage")
 
     def __init__(self, profile: Profile, read: Reader | None = None) -> None:
         self._profile = profile
@@ -38,6 +38,9 @@ class ResponseFacts:
         # provider reports none (a cut stream), and what a stream has spent so far.
         self.text_chars = 0
         self.done = False  # a stream reached the end its protocol defines
+        # What a protocol's reader keeps between events (Anthropic's usage so far, the
+        # last sequence number of a Responses stream).
+        self.state: dict[str, object] = {}
 
     @property
     def profile(self) -> Profile:
@@ -78,6 +81,21 @@ def read_openai(facts: ResponseFacts, payload: dict) -> None:
         facts.usage = usage
 
 
+def _one_data_line(frame: bytes) -> bytes | None:
+    """The data of a whole frame that is ``data: X`` or ``event: E`` then ``data: X`` (and
+    the blank line, no CR); None for any other frame (the parser reads those)."""
+    if not frame.endswith(b"\n\n") or b"\r" in frame:
+        return None
+    lines = frame.count(b"\n")
+    if lines == 2 and frame.startswith(b"data: "):
+        return frame[6:-2]
+    if lines == 3 and frame.startswith(b"event: "):
+        start = frame.index(b"\n") + 1
+        if frame.startswith(b"data: ", start):
+            return frame[start + 6:-2]
+    return None
+
+
 # The fast path's answer for bytes the SSE parser must read instead.
 _NOT_JSON = object()
 
@@ -105,12 +123,13 @@ class StreamObserver(ResponseFacts):
     def feed(self, chunk: bytes, now: float) -> list[dict]:
         """Observe ``chunk``; ``now`` is the caller's time.monotonic() when it arrived.
         Returns the payloads of the events it completed."""
-        if (chunk.startswith(b"data: ") and chunk.endswith(b"\n\n")
-                and chunk.count(b"\n") == 2 and b"\r" not in chunk
-                and self._parser.between_events()):
-            # Nearly every frame a provider sends: one data line and the blank line. Its
-            # JSON is read straight from the bytes; the parser would find the same event.
-            payload = self._data_frame(chunk[6:-2], now)
+        data = _one_data_line(chunk) if self._parser.between_events() else None
+        if data is not None:
+            # Nearly every frame a provider sends: one data line (after an event line, in
+            # Anthropic's and Responses' streams: the payload's type says the same) and
+            # the blank line. Its JSON is read straight from the bytes; the parser would
+            # find the same event.
+            payload = self._data_frame(data, now)
             if payload is not _NOT_JSON:
                 return [] if payload is None else [payload]
         payloads = []

@@ -60,8 +60,11 @@ class Relay:
     async def respond(self, exchange: Exchange) -> GatewayResponse:
         """Send upstream and produce the client's response (streams stay streams)."""
         table = exchange.plan.table
-        local = exchange.protocol.local_answer(table.models, exchange.key.allows_model,
+        local = exchange.protocol.local_answer(exchange.request, table.models,
+                                               exchange.key.allows_model,
                                                table.unknown_models == "passthrough")
+        if isinstance(local, errors.Rejection):
+            return _rejection_response(exchange, local)
         if local is not None:  # an answer of the gateway's own (only aliases exist)
             return GatewayResponse(200, [_JSON, *exchange.gateway_headers()], local)
         answer = await self._first_answer(exchange)
@@ -275,7 +278,8 @@ class Relay:
                 if exchange.past_spend_ceiling():
                     exchange.fail(200, "insufficient_quota", _BUDGET_SPENT)
                     exchange.ending = True
-                    yield exchange.protocol.stream_error("insufficient_quota", _BUDGET_SPENT)
+                    yield exchange.protocol.stream_error("insufficient_quota", _BUDGET_SPENT,
+                                                        exchange.facts)
                     return
             if (rest := frames.remainder()) and (out := exchange.on_frame(rest)) is not None:
                 yield out
@@ -285,11 +289,12 @@ class Relay:
             self.router.record(exchange.target, _FAILURE_OUTCOMES[failure.kind])
             exchange.fail(failure.status, failure.code, str(failure))
             exchange.ending = True
-            yield exchange.protocol.stream_error(failure.code, _STREAM_BROKE_OFF)
+            yield exchange.protocol.stream_error(failure.code, _STREAM_BROKE_OFF, exchange.facts)
         except FrameTooLarge as exc:
             exchange.fail(502, "upstream_response_too_large", str(exc))
             exchange.ending = True
-            yield exchange.protocol.stream_error("upstream_response_too_large", str(exc))
+            yield exchange.protocol.stream_error("upstream_response_too_large", str(exc),
+                                                exchange.facts)
         finally:
             response.close()
             leave()
@@ -321,12 +326,12 @@ def _with_retry_after(headers: list[tuple[str, str]],
 def failure_response(exchange: Exchange, failure: UpstreamFailure) -> GatewayResponse:
     exchange.fail(failure.status, failure.code, str(failure))
     return GatewayResponse(failure.status, [_JSON, *exchange.gateway_headers()],
-                           failure.body(exchange.protocol.error_shape))
+                           failure.body(exchange.protocol.error_shape_for(exchange.request)))
 
 
 def _rejection_response(exchange: Exchange, rejection: errors.Rejection) -> GatewayResponse:
     exchange.fail(rejection.status, rejection.code, rejection.message())
-    rejection = exchange.protocol.shaped(rejection)
+    rejection = exchange.protocol.shaped(rejection, exchange.request)
     return GatewayResponse(rejection.status,
                            [*rejection.all_headers(), *exchange.gateway_headers()],
                            rejection.body)

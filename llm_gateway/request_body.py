@@ -100,7 +100,7 @@ def parse_request_body(endpoint: Endpoint, body: bytes) -> dict | Rejection | No
     """Check what policy needs (a JSON object with a ``model``, and what the endpoint's
     protocol checks of its own); None for a request without a body. Nothing is
     rewritten here."""
-    if endpoint.method != "POST":
+    if endpoint.method != "POST" or not endpoint.operation.body:
         return None
     payload = decode(body)
     if isinstance(payload, Rejection):

@@ -11,18 +11,16 @@ from pathlib import Path
 from llm_gateway.billing.metering import UsageRecord
 from llm_gateway.config import Secret
 from llm_gateway.exchange import Exchange
+from llm_gateway.http_types import IncomingRequest
 from llm_gateway.keys import new_key_record
 from llm_gateway.limits import LimitDecision
-from llm_gateway.http_types import IncomingRequest
-from llm_gateway.protocols import CHAT as CHAT_PROTOCOL
-from llm_gateway.protocols import MODELS as MODELS_PROTOCOL
-from llm_gateway.protocols import Endpoint
+from llm_gateway.protocols import OPERATIONS, Endpoint
 from llm_gateway.routing.router import Plan
 from llm_gateway.routing.table import ModelRoute, ProviderConfig, RouteTable, Target
 
 RECORDED = Path(__file__).parent / "recorded"
-CHAT = Endpoint("POST", "/chat/completions", CHAT_PROTOCOL)
-MODELS = Endpoint("GET", "/models", MODELS_PROTOCOL)
+CHAT = Endpoint("POST", "/chat/completions", OPERATIONS["POST", "/chat/completions"])
+MODELS = Endpoint("GET", "/models", OPERATIONS["GET", "/models"])
 
 
 def exchange(endpoint: Endpoint = CHAT, *, stream: bool = False, models: tuple[str, ...] = (),

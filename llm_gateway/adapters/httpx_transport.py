@@ -24,9 +24,11 @@ as a traceback.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import httpx
@@ -44,9 +46,11 @@ from llm_gateway.errors import Headers, Rejection
 from llm_gateway.http_types import GatewayResponse, IncomingRequest
 from llm_gateway.keys import subject_principal
 
-__all__ = ["AsyncGatewayTransport", "GatewayTransport"]
+__all__ = ["AsyncGatewayTransport", "GatewayTransport", "transport_for"]
 
 ADAPTER_NAME = "httpx"
+# Where an SDK puts its own api_key: never read, never forwarded.
+_SDK_CREDENTIALS = frozenset({b"authorization", b"x-api-key", b"api-key"})
 log = logging.getLogger("llm_gateway")
 _ENGINE_FAILED = "The gateway failed on this request."
 
@@ -117,10 +121,11 @@ async def _exchange(gateway: Gateway, request: IncomingRequest) -> _Answer:
     return _Answer(response.status, response.headers, stream=_EngineStream(response))
 
 
-def _incoming(gateway: Gateway, request: httpx.Request, body: bytes,
+def _incoming(gateway: Gateway, request: Any, body: bytes,
               key: str | None) -> IncomingRequest | Rejection:
-    """httpx's request as the engine's; the credential is the resolved identity's, never
-    the SDK's ``api_key``. Raises GatewayError when there is nobody to charge."""
+    """The client's request as the engine's; the credential is the resolved identity's,
+    never the SDK's ``api_key`` (whatever header it put it in). Raises GatewayError when
+    there is nobody to charge."""
     identity = resolve(key)
     prefix = gateway.settings.api_prefix.rstrip("/")
     path = request.url.path
@@ -130,7 +135,8 @@ def _incoming(gateway: Gateway, request: httpx.Request, body: bytes,
         return gateway.refuse(IncomingRequest(request.method, path, [], b"", ADAPTER_NAME),
                               errors.not_found(request.method, path))
     headers = [(name.decode("latin-1").lower(), value.decode("latin-1"))
-               for name, value in request.headers.raw if name.lower() != b"authorization"]
+               for name, value in request.headers.raw
+               if name.lower() not in _SDK_CREDENTIALS]
     principal = None
     if identity.subject is not None:
         principal = subject_principal(identity.subject)
@@ -140,13 +146,6 @@ def _incoming(gateway: Gateway, request: httpx.Request, body: bytes,
                            request.url.query.decode("latin-1"), principal=principal)
 
 
-def _response(answer: _Answer, stream: httpx.SyncByteStream | httpx.AsyncByteStream | None,
-              ) -> httpx.Response:
-    if stream is None:
-        return httpx.Response(answer.status, headers=answer.headers, content=answer.body)
-    return httpx.Response(answer.status, headers=answer.headers, stream=stream)
-
-
 async def _on[T](loop: asyncio.AbstractEventLoop | None, work: Coroutine[Any, Any, T]) -> T:
     """``work`` on the engine's loop: here when it is this one (None), else handed over."""
     if loop is None:
@@ -154,7 +153,7 @@ async def _on[T](loop: asyncio.AbstractEventLoop | None, work: Coroutine[Any, An
     return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, loop))
 
 
-class _AsyncChunks(httpx.AsyncByteStream):
+class _AsyncChunks:
     def __init__(self, source: _EngineStream, loop: asyncio.AbstractEventLoop | None) -> None:
         self._source = source
         self._loop = loop
@@ -167,7 +166,7 @@ class _AsyncChunks(httpx.AsyncByteStream):
         await _on(self._loop, self._source.close())
 
 
-class _SyncChunks(httpx.SyncByteStream):
+class _SyncChunks:
     """Each chunk is handed from the engine's loop to this thread as it comes (one
     thread-safe future per chunk): nothing is read ahead, nothing accumulates."""
 
@@ -184,38 +183,64 @@ class _SyncChunks(httpx.SyncByteStream):
             wait_on(self._loop, self._source.close())
 
 
-class GatewayTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
-    """The engine as an httpx transport, for ``httpx.Client`` and ``httpx.AsyncClient``.
+class _Transport:
+    """The engine as a transport of an httpx-shaped client library (``_http``: httpx, or
+    httpx2, which the anthropic SDK is built on): ``handle_request`` and
+    ``handle_async_request``, answers as that library's ``Response``."""
 
-    ``gateway``: the engine (default: this process's, configured from the environment as
-    ``serve``'s is). ``key``: the gateway key charged when no identity is bound. Closing
-    the transport leaves the engine alone: its lifetime is whoever built it (the process's
-    engine is closed at exit). Sync calls wait in the calling thread while the engine
-    works on its own loop (``inprocess.py``).
-    """
+    _http: ModuleType
+    _sync_chunks: type
+    _async_chunks: type
 
     def __init__(self, gateway: Gateway | None = None, *, key: str | None = None) -> None:
         self.gateway = gateway if gateway is not None else process_gateway()
         self.key = key
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
+    def handle_request(self, request: Any) -> Any:
         incoming = _incoming(self.gateway, request, request.read(), self.key)
         if isinstance(incoming, Rejection):
-            return _response(_Answer.of(incoming), None)
+            return self._response(_Answer.of(incoming), None)
         loop = engine_loop(self.gateway)
         answer = wait_on(loop, _exchange(self.gateway, incoming))
-        return _response(answer, None if answer.stream is None
-                         else _SyncChunks(answer.stream, loop))
+        return self._response(answer, None if answer.stream is None
+                              else self._sync_chunks(answer.stream, loop))
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    async def handle_async_request(self, request: Any) -> Any:
         incoming = _incoming(self.gateway, request, await request.aread(), self.key)
         if isinstance(incoming, Rejection):
-            return _response(_Answer.of(incoming), None)
+            return self._response(_Answer.of(incoming), None)
         loop = async_handover(self.gateway)
         answer = await _on(loop, _exchange(self.gateway, incoming))
-        return _response(answer, None if answer.stream is None
-                         else _AsyncChunks(answer.stream, loop))
+        return self._response(answer, None if answer.stream is None
+                              else self._async_chunks(answer.stream, loop))
+
+    def _response(self, answer: _Answer, stream: object | None) -> Any:
+        if stream is None:
+            return self._http.Response(answer.status, headers=answer.headers,
+                                       content=answer.body)
+        return self._http.Response(answer.status, headers=answer.headers, stream=stream)
 
 
+@functools.cache
+def transport_for(http: ModuleType) -> type[_Transport]:
+    """The gateway's transport made of ``http``'s own base classes (httpx's clients and
+    httpx2's check for theirs)."""
+    return type("GatewayTransport", (_Transport, http.BaseTransport, http.AsyncBaseTransport), {
+        "__doc__": GATEWAY_TRANSPORT_DOC, "_http": http,
+        "_sync_chunks": type("SyncChunks", (_SyncChunks, http.SyncByteStream), {}),
+        "_async_chunks": type("AsyncChunks", (_AsyncChunks, http.AsyncByteStream), {}),
+    })
+
+
+GATEWAY_TRANSPORT_DOC = """The engine as an httpx transport, for ``httpx.Client`` and
+``httpx.AsyncClient`` (``transport_for(httpx2)``: the same for httpx2's, the anthropic SDK's).
+
+``gateway``: the engine (default: this process's, configured from the environment as
+``serve``'s is). ``key``: the gateway key charged when no identity is bound. Closing the
+transport leaves the engine alone: its lifetime is whoever built it (the process's engine
+is closed at exit). Sync calls wait in the calling thread while the engine works on its
+own loop (``inprocess.py``).
+"""
+GatewayTransport = transport_for(httpx)
 # One class serves both kinds of client; the name says which one a reader expects.
 AsyncGatewayTransport = GatewayTransport

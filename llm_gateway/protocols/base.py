@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 
 from llm_gateway import caller_text, errors
 from llm_gateway.errors import ErrorShape, Rejection, openai_error
+from llm_gateway.http_types import IncomingRequest
 from llm_gateway.observe import ResponseFacts, StreamObserver, read_openai
 from llm_gateway.providers import Profile
 from llm_gateway.tokens import estimate_prompt
@@ -39,6 +40,9 @@ class OpenAICompatible:
     ``endpoint``)."""
 
     name = "other"
+    # The protocol a provider must speak to take the request (a provider's ``protocols:``);
+    # None: any provider (a model list, an operator's own endpoint).
+    wire: str | None = None
     # The output cap's fields, in the order they are looked for.
     cap_fields: tuple[str, ...] = ("max_tokens", "max_completion_tokens")
     error_shape: ErrorShape = staticmethod(openai_error)  # type: ignore[assignment]
@@ -117,14 +121,15 @@ class OpenAICompatible:
         (``choices: []``) a client that did not ask for it would trip on."""
         return wants_usage or "usage" not in payload or payload.get("choices") != []
 
-    def client_body(self, body: bytes, aliases: Iterable[str],
+    def client_body(self, request: IncomingRequest, body: bytes, aliases: Iterable[str],
                     allows: Callable[[object], bool]) -> bytes | None:
         """A whole answer the protocol rewrites for the client (a model list), or None:
         the provider's bytes go as they came, and are observed later."""
         return None
 
-    def local_answer(self, aliases: Iterable[str], allows: Callable[[object], bool],
-                     passthrough: bool) -> bytes | None:
+    def local_answer(self, request: IncomingRequest, aliases: Iterable[str],
+                     allows: Callable[[object], bool], passthrough: bool,
+                     ) -> bytes | Rejection | None:
         """An answer the gateway gives without asking a provider, or None (the usual)."""
         return None
 
@@ -132,14 +137,30 @@ class OpenAICompatible:
         """A provider's error answer in this protocol's shape, its message verbatim."""
         return profile.error_body(body, status)
 
-    def stream_error(self, code: str, message: str) -> bytes:
-        """The end of a stream that failed after its status was sent: an error event, then
-        ``[DONE]``, so that SDKs raise instead of ending quietly."""
-        return (b"data: " + self.error_shape(errors.CATALOGUE[code].type, code, message)
+    def stream_error(self, code: str, message: str, facts: ResponseFacts | None = None) -> bytes:
+        """The end of a stream that failed after its status was sent (``facts``: what the
+        stream said so far): an error event, then ``[DONE]``, so that SDKs raise instead of
+        ending quietly."""
+        kind = errors.CATALOGUE[code]
+        return (b"data: " + self.error_shape(kind.status, kind.type, code, message)
                 + b"\n\ndata: [DONE]\n\n")
 
-    def shaped(self, rejection: Rejection) -> Rejection:
-        """``rejection`` written in this protocol's shape."""
-        if rejection.shape is not self.error_shape:
-            rejection.shape = self.error_shape
+    def credential(self, request: IncomingRequest) -> str | None:
+        """The gateway key, as an Authorization value: ``Authorization: Bearer`` (OpenAI's
+        SDKs, recent Anthropic ones), ``x-api-key`` (Claude Code with ANTHROPIC_API_KEY) or
+        ``api-key`` (Azure's clients); none of them is ever forwarded."""
+        authorization = request.header("authorization")
+        if authorization:
+            return authorization
+        bare = request.header("x-api-key") or request.header("api-key")
+        return f"Bearer {bare.strip()}" if bare and bare.strip() else None
+
+    def error_shape_for(self, request: IncomingRequest) -> ErrorShape:
+        """The error shape the caller reads (a model list asked by an Anthropic SDK is
+        Anthropic's)."""
+        return self.error_shape
+
+    def shaped(self, rejection: Rejection, request: IncomingRequest) -> Rejection:
+        """``rejection`` written in the shape its caller reads."""
+        rejection.shape = self.error_shape_for(request)
         return rejection

@@ -14,6 +14,7 @@ from llm_gateway.tokens import estimate_messages
 
 class Chat(OpenAICompatible):
     name = "chat.completions"
+    wire = "chat"
 
     def check(self, payload: dict) -> Rejection | None:
         refused = super().check(payload)

@@ -9,6 +9,7 @@ from llm_gateway.tokens import estimate_input
 
 class Embeddings(OpenAICompatible):
     name = "embeddings"
+    wire = "embeddings"
 
     def prompt_tokens(self, payload: dict) -> int:
         return estimate_input(payload.get("input"))

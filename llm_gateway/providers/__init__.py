@@ -7,13 +7,15 @@ engine asks the profile and never tests for a provider by name.
 
 from __future__ import annotations
 
-from llm_gateway.providers.base import Profile, Usage
+from llm_gateway.providers.anthropic import AnthropicProfile
+from llm_gateway.providers.base import PROTOCOLS, Profile, Usage
 from llm_gateway.providers.generic import GenericProfile
 from llm_gateway.providers.openai import OpenAIProfile, UnsupportedParameter
 from llm_gateway.providers.venice import VeniceProfile
 
 PROFILES: dict[str, Profile] = {
-    profile.name: profile for profile in (OpenAIProfile(), VeniceProfile(), GenericProfile())
+    profile.name: profile for profile in (OpenAIProfile(), VeniceProfile(), GenericProfile(),
+                                          AnthropicProfile())
 }
 
 
@@ -26,6 +28,6 @@ def profile_named(name: str) -> Profile:
 
 
 __all__ = [
-    "PROFILES", "GenericProfile", "OpenAIProfile", "Profile", "UnsupportedParameter", "Usage",
-    "VeniceProfile", "profile_named",
+    "PROFILES", "PROTOCOLS", "AnthropicProfile", "GenericProfile", "OpenAIProfile", "Profile",
+    "UnsupportedParameter", "Usage", "VeniceProfile", "profile_named",
 ]

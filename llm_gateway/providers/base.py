@@ -5,17 +5,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+# The wire protocols a provider may speak natively (a provider's ``protocols:``).
+PROTOCOLS = frozenset({"chat", "embeddings", "messages", "responses"})
+
 
 @dataclass(slots=True)
 class Usage:
-    """Token usage as the provider reported it, normalised to OpenAI's names."""
+    """Token usage as the provider reported it, normalised so that records compare across
+    providers: ``prompt_tokens`` counts every input token (OpenAI's count includes cached
+    ones; Anthropic's ``input_tokens`` excludes cache reads and writes, which are added)."""
 
     prompt_tokens: int = 0
-    completion_tokens: int = 0
+    completion_tokens: int = 0  # reasoning included: billed as output
     total_tokens: int = 0
     # Prompt tokens the provider served from its prompt cache (part of prompt_tokens),
     # billed at the price's cached_input rate when it has one.
-    cached_tokens: int = 0
+    cache_read_tokens: int = 0
+    # Prompt tokens written to the cache (part of prompt_tokens), and the part of them
+    # written for an hour (Anthropic bills 5-minute and 1-hour writes apart).
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
+    reasoning_tokens: int = 0  # part of completion_tokens
     cost_usd: float | None = None  # the provider's own figure, when it sends one (Venice)
     cost_diem: float | None = None
 
@@ -27,6 +37,13 @@ class Profile(Protocol):
     # Whether its streams carry a usage chunk unasked (Venice) or only when
     # stream_options.include_usage asks (OpenAI).
     sends_stream_usage: bool
+    # The client protocols it speaks natively (a provider's ``protocols:`` default).
+    protocols: frozenset[str]
+    # Where its key goes by default: "authorization" (Bearer) or another header.
+    auth_header: str
+    # Headers it needs that a caller may set (a caller's value is forwarded), with the
+    # value sent when the caller sent none.
+    default_headers: tuple[tuple[str, str], ...]
 
     def prepare(self, payload: dict, *, stream: bool) -> dict:
         """The chat body as this provider wants it (a new dict when anything changed, the

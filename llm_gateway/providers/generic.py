@@ -24,8 +24,8 @@ class GenericProfile(VeniceProfile):
 
     def usage(self, payload: object) -> Usage | None:
         usage = super().usage(payload)
-        if usage is not None and not usage.cached_tokens:
+        if usage is not None and not usage.cache_read_tokens:
             assert isinstance(payload, dict)  # super() found a usage object in it
             hits = token_count(payload["usage"].get("prompt_cache_hit_tokens"))
-            usage.cached_tokens = min(hits, usage.prompt_tokens)
+            usage.cache_read_tokens = min(hits, usage.prompt_tokens)
         return usage

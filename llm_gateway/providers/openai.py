@@ -61,6 +61,9 @@ class OpenAIProfile:
     name = "openai"
     # OpenAI sends a usage chunk only when stream_options.include_usage asks for one.
     sends_stream_usage = False
+    protocols = frozenset({"chat", "embeddings", "responses"})
+    auth_header = "authorization"
+    default_headers: tuple[tuple[str, str], ...] = ()
 
     def prepare(self, payload: dict, *, stream: bool) -> dict:
         """The chat body for OpenAI: ``max_tokens`` spelt ``max_completion_tokens`` (the
@@ -88,7 +91,10 @@ class OpenAIProfile:
         total = token_count(reported_total) if _is_int(reported_total) else prompt + completion
         details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
         cached = token_count(details.get("cached_tokens")) if isinstance(details, dict) else 0
-        return Usage(prompt, completion, total, cached_tokens=min(cached, prompt))
+        output = usage.get("completion_tokens_details", usage.get("output_tokens_details"))
+        reasoning = token_count(output.get("reasoning_tokens")) if isinstance(output, dict) else 0
+        return Usage(prompt, completion, total, cache_read_tokens=min(cached, prompt),
+                     reasoning_tokens=min(reasoning, completion))
 
     def error_in(self, payload: dict) -> dict[str, str | None] | None:
         error = payload.get("error")

@@ -44,6 +44,7 @@ VENICE_CHAT_FIELDS = frozenset({
 class VeniceProfile(OpenAIProfile):
     name = "venice"
     sends_stream_usage = True  # always, asked or not
+    protocols = frozenset({"chat", "embeddings"})
 
     def prepare(self, payload: dict, *, stream: bool) -> dict:
         """Venice refuses any field it does not know (and counts the 400 against the

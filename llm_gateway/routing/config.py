@@ -12,7 +12,7 @@ from types import MappingProxyType
 from typing import Any
 
 from llm_gateway.config import ROUTE_KEYS, ConfigError, Secret, Settings
-from llm_gateway.providers import PROFILES
+from llm_gateway.providers import PROFILES, PROTOCOLS
 from llm_gateway.routing.table import (
     HealthPolicy,
     ModelRoute,
@@ -99,7 +99,7 @@ def _provider(name: str, raw: Any, environ: Mapping[str, str]) -> ProviderConfig
     where = f"providers.{name}"
     entry = _mapping(where, raw)
     _only(where, entry, {"base_url", "api_key_env", "auth", "headers", "profile",
-                         "max_concurrency", "timeouts", "limits"})
+                         "max_concurrency", "timeouts", "limits", "protocols"})
     base_url = str(entry.get("base_url") or "").rstrip("/")
     if not base_url.startswith(("http://", "https://")):
         raise RouteError(f"{where}.base_url: expected an http(s) URL, got {base_url!r}")
@@ -114,7 +114,9 @@ def _provider(name: str, raw: Any, environ: Mapping[str, str]) -> ProviderConfig
     return ProviderConfig(
         name=name, base_url=base_url, profile=profile,
         api_key=Secret(key) if key else None, api_key_env=str(key_env) if key_env else None,
-        auth_header=_auth_header(where, entry.get("auth", "bearer")),
+        auth_header=(_auth_header(where, entry["auth"]) if "auth" in entry
+                     else PROFILES[profile].auth_header),
+        protocols=_protocols(where, entry.get("protocols"), PROFILES[profile].protocols),
         headers=tuple((str(k).lower(), str(v)) for k, v in headers.items()),
         max_concurrency=_count(f"{where}.max_concurrency", entry.get("max_concurrency", 0)),
         timeouts=_timeouts(f"{where}.timeouts", entry.get("timeouts") or {}),
@@ -123,6 +125,16 @@ def _provider(name: str, raw: Any, environ: Mapping[str, str]) -> ProviderConfig
         tokens_per_minute=_count(f"{where}.limits.tokens_per_minute",
                                  limits.get("tokens_per_minute", 0)),
     )
+
+
+def _protocols(where: str, raw: Any, default: frozenset[str]) -> frozenset[str]:
+    if raw is None:
+        return default
+    if (not isinstance(raw, list) or not raw
+            or any(not isinstance(name, str) or name not in PROTOCOLS for name in raw)):
+        raise RouteError(f"{where}.protocols: expected a non-empty list of "
+                         f"{', '.join(sorted(PROTOCOLS))}, got {raw!r}")
+    return frozenset(raw)
 
 
 def _auth_header(where: str, raw: Any) -> str | None:

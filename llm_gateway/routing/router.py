@@ -3,6 +3,7 @@ and the plan of targets an admitted request will try."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,15 +65,24 @@ class Router:
         """Also tell ``listener`` each new version of the routes (the sidecar's hosts)."""
         self._table_listeners.append(listener)
 
-    def plan(self, model: str, prompt_tokens: int,
-             called: CalledHost | None = None) -> Plan | Rejection:
-        """The targets a request for ``model`` tries. An alias routes as configured; any
-        other name goes to the provider whose host the request was sent to (``called``,
-        the sidecar's), else to the default provider."""
+    def plan(self, model: str, prompt_tokens: int, called: CalledHost | None = None,
+             protocol: str | None = None) -> Plan | Rejection:
+        """The targets a request of ``protocol`` for ``model`` tries: an alias's targets
+        whose provider speaks the protocol; any other name goes to the provider whose host
+        the request was sent to (``called``, the sidecar's), else to the default provider
+        (or the first that speaks the protocol)."""
         table = self._table
-        route = table.route_for(model, table.provider_for_host(*called) if called else None)
+        route = table.route_for(model, table.provider_for_host(*called) if called else None,
+                                protocol)
         if route is None:
             return errors.model_not_found(model)
+        if protocol is not None:
+            speaking = tuple(target for target in route.targets
+                             if table.providers[target.provider].speaks(protocol))
+            if not speaking:
+                return errors.unsupported_protocol(protocol, model)
+            if len(speaking) < len(route.targets):
+                route = dataclasses.replace(route, targets=speaking)
         fitting = fitting_targets(route, prompt_tokens)
         if not fitting:
             return errors.context_length_exceeded(model, prompt_tokens)
@@ -83,12 +93,14 @@ class Router:
             return errors.no_available_upstream(model)
         return Plan(table, route, tuple(order))
 
-    def plan_default(self, called: CalledHost | None = None) -> Plan:
-        """A request that names no model (the model list): the provider whose host it was
-        sent to, else the default provider."""
+    def plan_default(self, called: CalledHost | None = None,
+                     protocol: str | None = None) -> Plan:
+        """A request that names no model (the model list, a stored response): the provider
+        whose host it was sent to, else the default provider (or the first that speaks
+        the protocol)."""
         table = self._table
         provider = (table.provider_for_host(*called) if called else None) or \
-            table.default_provider
+            table.provider_for(protocol)
         target = Target(provider, "", passthrough=True)
         return Plan(table, ModelRoute("", (target,)), (target,))
 
@@ -113,6 +125,33 @@ class Router:
         self.health.record(target.key, outcome, retry_after)
         for listener in self._listeners:
             listener(target.key, outcome, retry_after, before)
+
+    def view(self, refused: str | None) -> dict[str, object]:
+        """The routes in force (``refused``: why the latest version was not taken) and
+        each target's health."""
+        table = self._table
+        states = self.states()
+        return {
+            "version": table.version, "refused": refused,
+            "default_provider": table.default_provider,
+            "unknown_models": table.unknown_models,
+            "providers": {
+                name: {"base_url": p.base_url, "profile": p.profile,
+                       "protocols": sorted(p.protocols),
+                       "source": table.sources.get(f"providers.{name}", "file"),
+                       "max_concurrency": p.max_concurrency,
+                       "in_flight": self.bulkhead.in_flight(name)}
+                for name, p in table.providers.items()
+            },
+            "models": {
+                name: {"source": table.sources.get(f"models.{name}", "file"),
+                       "targets": [{"provider": t.provider, "model": t.model,
+                                    "weight": t.weight, "priority": t.priority,
+                                    "state": states.get(t.key, "healthy")}
+                                   for t in route.targets]}
+                for name, route in table.models.items()
+            },
+        }
 
     def known_models(self) -> frozenset[str]:
         """Model names from configuration (aliases and their targets' models): the only

@@ -12,6 +12,7 @@ from types import MappingProxyType
 from urllib.parse import urlsplit
 
 from llm_gateway.config import Secret
+from llm_gateway.providers import PROFILES
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +41,17 @@ class ProviderConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     requests_per_minute: int = 0  # provider-wide, 0: none
     tokens_per_minute: int = 0
+    # The client protocols it speaks natively (chat, embeddings, messages, responses):
+    # a request goes only to targets whose provider speaks its protocol. Empty: the
+    # profile's.
+    protocols: frozenset[str] = frozenset()
     # The request headers this provider's configuration sets (its static headers, its key's
     # header): the gateway's alone, so a caller's copy of any of them is never sent along.
     owned_headers: frozenset[str] = field(init=False, default=frozenset())
 
     def __post_init__(self) -> None:
+        if not self.protocols:
+            object.__setattr__(self, "protocols", PROFILES[self.profile].protocols)
         owned = {name.lower() for name, _ in self.headers}
         if self.auth_header is not None:
             owned.add(self.auth_header.lower())
@@ -61,6 +68,10 @@ class ProviderConfig:
         if (parts.hostname or "") != host.lower().rstrip("."):
             return False
         return parts.port is None or parts.port == port
+
+    def speaks(self, protocol: str | None) -> bool:
+        """Whether it takes requests of ``protocol`` (None: any, a model list say)."""
+        return protocol is None or protocol in self.protocols
 
     def url(self, path: str, query: str = "") -> str:
         return f"{self.base_url}{path}" + (f"?{query}" if query else "")
@@ -132,17 +143,27 @@ class RouteTable:
     # Where each route was defined: "file", "db v3", "environment".
     sources: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
-    def route_for(self, model: str, provider: str | None = None) -> ModelRoute | None:
+    def route_for(self, model: str, provider: str | None = None,
+                  protocol: str | None = None) -> ModelRoute | None:
         """The alias ``model``, or for another name that provider's model of that name
-        (passthrough: ``provider``, else the default one); None when unknown names are
-        refused."""
+        (passthrough: ``provider``, else the one that speaks ``protocol``); None when
+        unknown names are refused."""
         route = self.models.get(model)
         if route is not None:
             return route
         if self.unknown_models != "passthrough":
             return None
-        owner = provider if provider in self.providers else self.default_provider
+        owner = provider if provider in self.providers else self.provider_for(protocol)
         return ModelRoute(model, (Target(owner, model, passthrough=True),))
+
+    def provider_for(self, protocol: str | None) -> str:
+        """Where a request that names no alias goes: the default provider when it speaks
+        the protocol, else the first one listed that does (else the default, which then
+        refuses it: unsupported_protocol)."""
+        if self.providers[self.default_provider].speaks(protocol):
+            return self.default_provider
+        return next((name for name, provider in self.providers.items()
+                     if provider.speaks(protocol)), self.default_provider)
 
     def provider_for_host(self, host: str, port: int) -> str | None:
         """The provider whose API host an intercepted request was sent to: the default
