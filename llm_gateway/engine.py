@@ -24,7 +24,7 @@ import dataclasses
 import functools
 import logging
 import random
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from llm_gateway import caller_text, errors
@@ -44,7 +44,7 @@ from llm_gateway.billing.quotas import (
 from llm_gateway.config import Settings
 from llm_gateway.errors import Headers, Rejection, UpstreamFailure
 from llm_gateway.exchange import Exchange, RecordSink
-from llm_gateway.finishing import Finisher
+from llm_gateway.finishing import ENGINE_FAILED, Finisher, finish_response, guarded_stream
 from llm_gateway.http_types import (
     GatewayResponse,
     IncomingRequest,
@@ -69,14 +69,15 @@ from llm_gateway.request_body import parse_request_body
 from llm_gateway.routing.router import Plan, Router
 from llm_gateway.routing.shared_health import SharedHealth
 from llm_gateway.routing.source import RouteSource
+from llm_gateway.stored_responses import StoredResponses
 from llm_gateway.stores import Store
+from llm_gateway.stores.responses import ResponseOwners
 from llm_gateway.telemetry import Telemetry, Trace
 
 log = logging.getLogger("llm_gateway")
 
 # last_used_at is written in batches off the request path, this often.
 TOUCH_FLUSH_SECONDS = 5.0
-_ENGINE_FAILED = "The gateway failed on this request."
 TAGS_HEADER = "x-llm-gateway-tags"
 _trace_ids = random.Random()  # trace ids need to be unique, not secret: no syscall each
 
@@ -107,6 +108,7 @@ class Gateway:
         seed_prices: list[Price],
         usage: UsageWriter,
         telemetry: Telemetry,
+        response_owners: ResponseOwners | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -132,6 +134,8 @@ class Gateway:
         self.path_under_root = self.interception.path_under_root
         self.egress_rejection = self.interception.egress_rejection
         self.finisher = Finisher(usage, quotas, telemetry)
+        self.stored = (StoredResponses(response_owners, router, settings.responses_retention_days)
+                       if response_owners is not None else None)
         self._started = False
         self._start_lock = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -170,6 +174,8 @@ class Gateway:
         await self.limiter.close()
         await self.finisher.drain()  # settlements of the last records, before their ledger
         await self.quotas.ledger.close()
+        if self.stored is not None:
+            await self.stored.owners.close()
         await self.store.close()
         self.telemetry.shutdown()
         self._started = False
@@ -316,6 +322,12 @@ class Gateway:
         plan = self._plan(endpoint, payload, request.called_host)
         if isinstance(plan, Rejection):
             return plan
+        pinned = (await self.stored.plan(endpoint, request.path.rstrip("/"), payload, key)
+                  if self.stored is not None else None)
+        if pinned is not None:  # a stored response's: where it was made, or refused
+            if isinstance(pinned, Rejection):
+                return pinned
+            plan = pinned
         try:  # a key store that does not answer: its policy (fail-open never raises)
             budgets = (await self.quotas.limits_for(key.id, key.subject_id)
                        if payload and endpoint.operation.billed else None)
@@ -430,11 +442,22 @@ class Gateway:
         except Exception:
             log.exception("the engine failed while relaying request %s", exchange.request_id)
             response = failure_response(exchange, UpstreamFailure("gateway_error",
-                                                                  _ENGINE_FAILED))
+                                                                  ENGINE_FAILED))
         if response.chunks is not None:
-            response.chunks = _ended_on_failure(exchange, response, response.chunks)
-        response.on_finish = functools.partial(_finish_response, exchange, response)
+            response.chunks = guarded_stream(exchange, response, response.chunks,
+                                                self._stream_keeper(exchange))
+        elif self.stored is not None:
+            await self.stored.after(exchange)
+        response.on_finish = functools.partial(finish_response, exchange, response)
         return response
+
+    def _stream_keeper(self, exchange: Exchange) -> Callable[[], None] | None:
+        """For a stream that creates a stored response: what binds it to its caller, once
+        its id has been seen (its first event), in the background."""
+        stored = self.stored
+        if stored is None or not stored.keeps(exchange):
+            return None
+        return lambda: self.finisher.background(stored.after(exchange))
 
     def abandon(self, exchange: Exchange, *, client_gone: bool = True,
                 failure: tuple[int, str, str | None] | None = None) -> None:
@@ -462,34 +485,3 @@ def _tags_of(request: IncomingRequest) -> dict[str, str] | Rejection:
         return {}
     tags = caller_text.tags_of(header)
     return errors.invalid_request_header(tags) if isinstance(tags, str) else tags
-
-
-async def _ended_on_failure(exchange: Exchange, response: GatewayResponse,
-                            chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """A stream's chunks; should the engine fail inside it (the status is out), it ends as
-    the relay ends a broken stream, so SDKs raise. Read to its end: ``response.ended``."""
-    try:
-        async for chunk in chunks:
-            yield chunk
-    except Exception:
-        log.exception("the engine failed during the stream of request %s", exchange.request_id)
-        exchange.fail(500, "gateway_error", _ENGINE_FAILED)
-        exchange.ending = True
-        yield exchange.protocol.stream_error("gateway_error", _ENGINE_FAILED, exchange.facts)
-    else:
-        response.ended = True
-    finally:
-        await chunks.aclose()  # type: ignore[attr-defined]
-
-
-def _finish_response(exchange: Exchange, response: GatewayResponse,
-                     client_gone: bool | None) -> None:
-    """What closing an answer does once its stream is closed: the request finished. A
-    pull-based adapter (``client_gone`` None) lost its client unless it read the stream to
-    its end; one that stopped reading once the protocol's end was relayed (an SDK stops at
-    ``[DONE]``) did not."""
-    if client_gone is None:
-        client_gone = response.chunks is not None and not response.ended
-    if client_gone and response.chunks is not None and exchange.end_relayed:
-        client_gone = False
-    exchange.finish(client_disconnected=client_gone)

@@ -47,6 +47,10 @@ CATALOGUE: dict[str, ErrorKind] = {kind.code: kind for kind in (
     ErrorKind(403, "permission_error", "egress_denied",
               "sidecar, `EGRESS_POLICY=deny`: a host that is not an LLM host"),
     ErrorKind(404, "invalid_request_error", "not_found", "a path the gateway does not serve"),
+    ErrorKind(404, "invalid_request_error", "response_not_found",
+              "a stored response (Responses API) that is not the caller's, or none"),
+    ErrorKind(404, "invalid_request_error", "previous_response_not_found",
+              "a `previous_response_id` that is not the caller's, or none"),
     ErrorKind(404, "invalid_request_error", "model_not_found",
               "a model that is no alias, with `unknown_models: reject`"),
     ErrorKind(405, "invalid_request_error", "method_not_allowed",
@@ -78,6 +82,8 @@ CATALOGUE: dict[str, ErrorKind] = {kind.code: kind for kind in (
               "the answer is over `UPSTREAM_RESPONSE_LIMIT_BYTES` (in band for streams)"),
     ErrorKind(503, "service_unavailable", "no_available_upstream",
               "every target of the model is DOWN (passive health) or was tried"),
+    ErrorKind(503, "service_unavailable", "stored_response_unavailable",
+              "the target that stored a response (the only one that has it) is down"),
     ErrorKind(503, "service_unavailable", "upstream_overloaded",
               "every target's bulkhead (`max_concurrency`) is full"),
     ErrorKind(503, "service_unavailable", "key_store_unavailable",
@@ -188,6 +194,23 @@ def not_found(method: str, path: str) -> Rejection:
 
 def model_not_found(model: str) -> Rejection:
     return reject("model_not_found", f"The model '{model}' does not exist on this gateway.")
+
+
+def response_not_found(response_id: str) -> Rejection:
+    """As the provider answers an id it does not know: another subject's is none of the
+    caller's business, not even that it exists."""
+    return reject("response_not_found", f"Response with id '{response_id}' not found.")
+
+
+def previous_response_not_found(response_id: str) -> Rejection:
+    return reject("previous_response_not_found",
+                  f"Previous response with id '{response_id}' not found.")
+
+
+def stored_response_unavailable(response_id: str, why: str) -> Rejection:
+    return reject("stored_response_unavailable",
+                  f"Response '{response_id}' is stored only where it was made, and {why}. "
+                  "Retry shortly.", list(_RETRY_SHORTLY))
 
 
 def context_length_exceeded(model: str, prompt_tokens: int) -> Rejection:

@@ -5,14 +5,17 @@ Its record is priced (the gateway's price table), spooled and queued for the dat
 telemetry and to every other sink, each sink's failure logged and kept from the others. The
 settlement runs whatever failed before it: a budget is never held by a request that ended.
 The records a killed process left in the spool are finished here too, at the next start
-(``account_orphan``). Settlements run off the request path (``background``).
+(``account_orphan``). Settlements run off the request path (``background``). And what an
+adapter's closing an answer does (``finish_response``), and the stream every adapter reads
+(``guarded_stream``: an engine failure inside it ends it in band; read to its end, it says
+so).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from decimal import Decimal
 from typing import Any
 
@@ -21,9 +24,11 @@ from llm_gateway.billing.prices import cost_of
 from llm_gateway.billing.quotas import QuotaDecision, Quotas, reservation_from_json
 from llm_gateway.billing.spool import Orphan
 from llm_gateway.exchange import Exchange, RecordSink
+from llm_gateway.http_types import GatewayResponse
 from llm_gateway.telemetry import Telemetry
 
 log = logging.getLogger("llm_gateway")
+ENGINE_FAILED = "The gateway failed on this request."
 
 
 class Finisher:
@@ -115,3 +120,39 @@ def spent(record: UsageRecord) -> Decimal | None:
 def _settled(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.warning("settling a budget failed: %s", type(task.exception()).__name__)
+
+
+async def guarded_stream(exchange: Exchange, response: GatewayResponse,
+                         chunks: AsyncIterator[bytes],
+                         keeper: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
+    """A stream's chunks; should the engine fail inside it (the status is out), it ends as
+    the relay ends a broken stream, so SDKs raise. Read to its end: ``response.ended``.
+    ``keeper``: called once the stream's response id is known."""
+    try:
+        async for chunk in chunks:
+            if keeper is not None and exchange.facts is not None and exchange.facts.response_id:
+                keeper()
+                keeper = None
+            yield chunk
+    except Exception:
+        log.exception("the engine failed during the stream of request %s", exchange.request_id)
+        exchange.fail(500, "gateway_error", ENGINE_FAILED)
+        exchange.ending = True
+        yield exchange.protocol.stream_error("gateway_error", ENGINE_FAILED, exchange.facts)
+    else:
+        response.ended = True
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
+
+
+def finish_response(exchange: Exchange, response: GatewayResponse,
+                    client_gone: bool | None) -> None:
+    """What closing an answer does once its stream is closed: the request finished. A
+    pull-based adapter (``client_gone`` None) lost its client unless it read the stream to
+    its end; one that stopped reading once the protocol's end was relayed (an SDK stops at
+    ``[DONE]``) did not."""
+    if client_gone is None:
+        client_gone = response.chunks is not None and not response.ended
+    if client_gone and response.chunks is not None and exchange.end_relayed:
+        client_gone = False
+    exchange.finish(client_disconnected=client_gone)

@@ -46,6 +46,8 @@ from llm_gateway.routing.shared_health import (
 from llm_gateway.routing.source import KeyOpener, RouteSource
 from llm_gateway.routing.table import RouteTable
 from llm_gateway.stores import Store, StoreUnavailable, open_store
+from llm_gateway.stores.responses import ResponseOwners
+from llm_gateway.stores.responses_sqlite import SqliteResponseOwners
 from llm_gateway.stores.sqlite import SqliteStore
 from llm_gateway.telemetry import StateCollector, Telemetry
 
@@ -107,6 +109,7 @@ def build_gateway(
         settings, store=store, limiter=limiter, auth=auth, relay=relay, router=router,
         routes=route_source, shared_health=shared_health, quotas=quotas,
         seed_prices=seed_prices, usage=usage, telemetry=telemetry,
+        response_owners=open_response_owners(settings, store, redis),
     )
 
 
@@ -254,6 +257,24 @@ def _leased(shared: LeasingLimiter, settings: Settings) -> SharedRateLimiter:
     if not settings.limit_lease_seconds:
         return shared  # type: ignore[return-value]
     return LeasedRateLimiter(shared, settings.limit_lease_seconds)  # type: ignore[return-value]
+
+
+def open_response_owners(settings: Settings, store: Store,
+                         redis: RedisScripts | None = None) -> ResponseOwners:
+    """Who owns each Responses API id (llm_gateway.stores.responses): Redis when REDIS_URL
+    is set (``redis``: the connection the limiter and ledger share, else one of its own),
+    else the key store's database. Chosen by the settings, as the ledger is, not by the
+    store's class: tests wrap stores, and a wrapper passes every call through."""
+    if settings.redis_url:
+        from llm_gateway.stores.responses_redis import RedisResponseOwners
+
+        return RedisResponseOwners(settings.redis_url, namespace=settings.redis_namespace,
+                                   scripts=redis)
+    if is_postgres_url(settings.database_url):
+        from llm_gateway.stores.responses_postgres import PostgresResponseOwners
+
+        return PostgresResponseOwners(store)  # type: ignore[arg-type]
+    return SqliteResponseOwners(store)  # type: ignore[arg-type]
 
 
 def open_shared_evidence(settings: Settings) -> SharedEvidence | None:

@@ -211,3 +211,67 @@ def test_a_spent_budget_is_final_for_both_sdks(on: AgentSurface) -> None:
     assert on.sent == ["POST /v1/messages", f"POST {on.surface.api}/responses"
                        if not on.proxy else "POST /api/v1/responses"]  # never retried
     assert on.claude.requests == [] and on.gpt.requests == []
+
+
+# ---- stored responses belong to their caller ---------------------------------------------
+
+
+def test_a_stored_response_is_its_callers_alone(on: AgentSurface) -> None:
+    owner, stranger = on.openai(on.key(name="owner")), on.openai(on.key(name="stranger"))
+    created = owner.responses.create(model="gpt", input="Remember this")
+    assert owner.responses.retrieve(created.id).id == created.id
+    assert [item.type for item in owner.responses.input_items.list(created.id)]
+    follow = owner.responses.create(model="gpt", input="And this?",
+                                    previous_response_id=created.id)
+    assert follow.output_text
+    for attempt in (lambda: stranger.responses.retrieve(created.id),
+                    lambda: stranger.responses.delete(created.id),
+                    lambda: stranger.responses.cancel(created.id),
+                    lambda: stranger.responses.input_items.list(created.id)):
+        with pytest.raises(openai.NotFoundError) as missing:
+            attempt()
+        assert missing.value.code == "response_not_found"
+    with pytest.raises(openai.NotFoundError) as missing:
+        stranger.responses.create(model="gpt", input="hi", previous_response_id=created.id)
+    assert missing.value.code == "previous_response_not_found"
+    seen = len(on.gpt.requests)
+    owner.responses.delete(created.id)
+    assert len(on.gpt.requests) == seen + 1  # the stranger's never reached the provider
+    with pytest.raises(openai.NotFoundError):
+        owner.responses.retrieve(created.id)  # deleted: the gateway forgot it too
+
+
+def test_a_streamed_response_is_bound_as_it_starts(on: AgentSurface) -> None:
+    owner = on.openai(on.key())
+    with owner.responses.stream(model="gpt", input="Tell me") as stream:
+        final = stream.get_final_response()
+    assert owner.responses.retrieve(final.id).id == final.id
+    with pytest.raises(openai.NotFoundError):
+        on.openai(on.key(name="stranger")).responses.retrieve(final.id)
+
+
+def test_store_false_keeps_nothing(on: AgentSurface) -> None:
+    owner = on.openai(on.key())
+    created = owner.responses.create(model="gpt", input="Forget this", store=False)
+    with pytest.raises(openai.NotFoundError):
+        owner.responses.retrieve(created.id)
+
+
+@pytest.mark.parametrize("backend", ["postgres", "redis"])
+def test_stored_responses_are_kept_apart_on_shared_stores(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path,
+    claude_fake: tuple[FakeUpstream, str],  # noqa: F811
+    gpt_fake: tuple[FakeUpstream, str],  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shared = ({"database_url": request.getfixturevalue("postgres_url")} if backend == "postgres"
+              else {"redis_url": request.getfixturevalue("redis_url"),
+                    "redis_namespace": f"owners-{tmp_path.name}"})
+    with agent_surface("serve", tmp_path, claude_fake, gpt_fake, monkeypatch, **shared) as on:
+        owner, stranger = on.openai(on.key(name="owner")), on.openai(on.key(name="stranger"))
+        created = owner.responses.create(model="gpt", input="Remember this")
+        assert owner.responses.retrieve(created.id).id == created.id
+        with pytest.raises(openai.NotFoundError):
+            stranger.responses.retrieve(created.id)
+        with pytest.raises(openai.NotFoundError):
+            stranger.responses.create(model="gpt", input="hi", previous_response_id=created.id)
