@@ -289,7 +289,7 @@ async def test_namespace_opt_in_injects_the_sidecar(client: httpx.AsyncClient) -
     assert "HTTP_PROXY" not in app_env
     assert app_env["SSL_CERT_FILE"]["value"] == CA_BUNDLE_FILE
     assert app_env["NODE_USE_ENV_PROXY"]["value"] == "1"
-    assert "OPENAI_API_KEY" not in app_env
+    assert "OPENAI_API_KEY" not in app_env and "ANTHROPIC_API_KEY" not in app_env
     bundle_mount = spec["containers"][0]["volumeMounts"][-1]
     assert bundle_mount == {
         "name": "llm-gateway-ca-bundle",
@@ -442,10 +442,11 @@ async def test_several_containers_with_existing_env_volumes_and_init_containers(
     assert [item["name"] for item in spec["containers"][0]["env"]].count("HTTPS_PROXY") == 1
     for env in (web, worker, shipper):
         assert set(env) >= APP_ENV
-        assert env["OPENAI_API_KEY"] == {
-            "name": "OPENAI_API_KEY",
-            "valueFrom": {"secretKeyRef": {"name": "web-gateway-key", "key": "token"}},
-        }
+        for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):  # either SDK finds it
+            assert env[name] == {
+                "name": name,
+                "valueFrom": {"secretKeyRef": {"name": "web-gateway-key", "key": "token"}},
+            }
     assert spec["containers"][1]["envFrom"] == [{"configMapRef": {"name": "worker-config"}}]
     assert [m["name"] for m in spec["containers"][0]["volumeMounts"]] == [
         "kube-api-access-7xk2p",

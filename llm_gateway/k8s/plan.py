@@ -442,7 +442,10 @@ def _app_env(
         {"name": "NODE_USE_ENV_PROXY", "value": "1"},
     ]
     if gateway_key:
-        env.append({"name": "OPENAI_API_KEY", "valueFrom": {"secretKeyRef": dict(gateway_key)}})
+        # The SDKs' own variables (openai, anthropic; Claude Code reads the latter): the app
+        # holds its gateway key where its client looks for a provider key.
+        for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+            env.append({"name": name, "valueFrom": {"secretKeyRef": dict(gateway_key)}})
     return env
 
 
