@@ -219,6 +219,23 @@ def surface(name: str, directory: Path, fake_url: str, ca_dir: Path,
         raise ValueError(name)
 
 
+@contextlib.contextmanager
+def local_surface(name: str, directory: Path, fake_url: str, **overrides: object,
+                  ) -> Iterator[Surface]:
+    """``surface`` on in-process state (a SQLite file, the memory ledger) whatever the
+    suite runs on: for tests that look at the ledger's reserved amounts."""
+    overrides.setdefault("redis_url", None)
+    overrides.setdefault("database_url", f"sqlite:///{directory / 'gateway.db'}")
+    with surface(name, directory / name, fake_url, directory / "ca", **overrides) as on:
+        yield on
+
+
+def reserved(gateway: Gateway) -> int:
+    """What the (memory) ledger holds reserved now, over every counter."""
+    ledger = gateway.quotas.ledger
+    return sum(ledger.counter(name)[1] for name in list(ledger._counters))  # type: ignore[attr-defined]
+
+
 def wait_until(condition: object, timeout: float = 5.0, what: object = "") -> None:
     """``condition()`` true within ``timeout`` (background settlements, written records)."""
     deadline = time.monotonic() + timeout

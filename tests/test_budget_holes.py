@@ -23,7 +23,7 @@ from llm_gateway.billing.model import BudgetScope
 from llm_gateway.testing.fake_upstream import FakeUpstream
 from tests.billing_support import set_budget, set_price
 from tests.support import BIN, create_key, free_port, usage_records, wait_until_up
-from tests.surfaces import SURFACES, Surface, surface, wait_until
+from tests.surfaces import SURFACES, Surface, local_surface, wait_until
 
 # Each sets up its own backends: one pass of the suite runs it (.ci/run).
 pytestmark = pytest.mark.slow_once
@@ -35,8 +35,7 @@ PRICE = ("0", "1000")
 @pytest.fixture(params=SURFACES)
 def on(request: pytest.FixtureRequest, tmp_path: Path, fake_url: str,
        fake: FakeUpstream) -> Iterator[Surface]:
-    with surface(request.param, tmp_path / request.param, fake_url, tmp_path / "ca",
-                 redis_url=None, database_url=f"sqlite:///{tmp_path / 'gateway.db'}") as it:
+    with local_surface(request.param, tmp_path, fake_url) as it:
         yield it
 
 

@@ -13,11 +13,17 @@ from pathlib import Path
 import pytest
 
 from llm_gateway.billing.model import BudgetScope
-from llm_gateway.engine import Gateway
 from llm_gateway.testing.fake_upstream import FakeUpstream
 from tests.billing_support import set_budget
 from tests.support import create_key
-from tests.surfaces import SURFACES, RawAnswer, Surface, surface, wait_until
+from tests.surfaces import (
+    SURFACES,
+    RawAnswer,
+    Surface,
+    local_surface,
+    reserved,
+    wait_until,
+)
 
 # Each sets up its own backends: one pass of the suite runs it (.ci/run).
 pytestmark = pytest.mark.slow_once
@@ -35,10 +41,7 @@ KINDS = {
 @pytest.fixture(params=SURFACES)
 def on(request: pytest.FixtureRequest, tmp_path: Path, fake_url: str,
        fake: FakeUpstream) -> Iterator[Surface]:
-    # In-process state (a SQLite file, the memory ledger) whatever the suite runs on: the
-    # tests look at the ledger's reserved amounts.
-    with surface(request.param, tmp_path / request.param, fake_url, tmp_path / "ca",
-                 redis_url=None, database_url=f"sqlite:///{tmp_path / 'gateway.db'}") as it:
+    with local_surface(request.param, tmp_path, fake_url) as it:
         yield it
 
 
@@ -47,12 +50,6 @@ def budgeted_key(on: Surface) -> str:
     record, key = create_key(on.database_url)
     set_budget(on.database_url, BudgetScope.KEY, record.id, daily_tokens=10**9)
     return key
-
-
-def reserved(gateway: Gateway) -> int:
-    """What the (memory) ledger holds reserved now, over every counter."""
-    ledger = gateway.quotas.ledger
-    return sum(ledger.counter(name)[1] for name in list(ledger._counters))  # type: ignore[attr-defined]
 
 
 def call(on: Surface, key: str, path: str, body: dict, **headers: str) -> RawAnswer:

@@ -14,11 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llm_gateway.billing.model import BudgetScope
-from llm_gateway.engine import Gateway
 from llm_gateway.testing.fake_upstream import FakeUpstream
 from tests.billing_support import set_budget
 from tests.support import create_key
-from tests.surfaces import SURFACES, Surface, surface, wait_until
+from tests.surfaces import SURFACES, Surface, local_surface, reserved, wait_until
 
 # Each sets up its own backends: one pass of the suite runs it (.ci/run).
 pytestmark = pytest.mark.slow_once
@@ -38,16 +37,10 @@ TAGS = st.one_of(st.none(), HEADER_TEXT,
                            HEADER_TEXT))
 
 
-def reserved(gateway: Gateway) -> int:
-    ledger = gateway.quotas.ledger
-    return sum(ledger.counter(name)[1] for name in list(ledger._counters))  # type: ignore[attr-defined]
-
-
 @pytest.fixture(params=SURFACES)
 def on(request: pytest.FixtureRequest, tmp_path: Path, fake_url: str,
        fake: FakeUpstream) -> Iterator[Surface]:
-    with surface(request.param, tmp_path / request.param, fake_url, tmp_path / "ca",
-                 redis_url=None, database_url=f"sqlite:///{tmp_path / 'gateway.db'}") as it:
+    with local_surface(request.param, tmp_path, fake_url) as it:
         yield it
 
 

@@ -26,7 +26,7 @@ from llm_gateway.testing.fake_upstream import FakeUpstream
 from llm_gateway.testing.records import RecordedUsage
 from tests.billing_support import set_budget, set_price
 from tests.support import create_key
-from tests.surfaces import SURFACES, Surface, surface, wait_until
+from tests.surfaces import SURFACES, Surface, local_surface, reserved, wait_until
 
 # Each sets up its own backends: one pass of the suite runs it (.ci/run).
 pytestmark = pytest.mark.slow_once
@@ -69,16 +69,10 @@ def raising(original: object) -> object:
     return fail
 
 
-def reserved(gateway: Gateway) -> int:
-    ledger = gateway.quotas.ledger
-    return sum(ledger.counter(name)[1] for name in list(ledger._counters))  # type: ignore[attr-defined]
-
-
 @pytest.fixture(params=SURFACES)
 def on(request: pytest.FixtureRequest, tmp_path: Path, fake_url: str,
        fake: FakeUpstream) -> Iterator[Surface]:
-    with surface(request.param, tmp_path / request.param, fake_url, tmp_path / "ca",
-                 redis_url=None, database_url=f"sqlite:///{tmp_path / 'gateway.db'}") as it:
+    with local_surface(request.param, tmp_path, fake_url) as it:
         yield it
 
 

@@ -35,6 +35,41 @@ from llm_gateway.tokens import estimate_prompt
 MAX_CHOICES = 128
 
 
+def check_stream_and_caps(payload: dict, caps: tuple[str, ...]) -> Rejection | None:
+    """``stream`` a boolean, each output cap a positive integer, where present."""
+    if not isinstance(payload.get("stream", False), bool):
+        return errors.invalid_request_body("'stream' must be a boolean when present.")
+    for cap in caps:
+        value = payload.get(cap)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            return errors.invalid_request_body(f"'{cap}' must be a positive integer.")
+    return None
+
+
+def check_messages(payload: dict) -> Rejection | None:
+    """A non-empty ``messages`` list of objects with a ``role`` (chat's, Anthropic's)."""
+    messages = payload.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return errors.invalid_request_body("'messages' must be a non-empty list.")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            return errors.invalid_request_body(
+                f"messages[{index}] must be an object with a 'role'.")
+    return None
+
+
+def check_user(name: str, user: object) -> Rejection | None:
+    """The end user's id (``user``, ``metadata.user_id``): a string, admitted as any
+    caller string is."""
+    if user is None:
+        return None
+    if not isinstance(user, str):
+        return errors.invalid_request_body(f"'{name}' must be a string when present.")
+    problem = caller_text.refusal(name, user, caller_text.USER_CHARS) if user else None
+    return errors.invalid_request_body(problem) if problem else None
+
+
 class OpenAICompatible:
     """An OpenAI-compatible endpoint with no rules of its own (``name``: the record's
     ``endpoint``)."""
@@ -55,24 +90,14 @@ class OpenAICompatible:
 
     def check(self, payload: dict) -> Rejection | None:
         """The protocol's own rules for a body with a valid ``model``; None: it passes."""
-        user = payload.get("user")
-        if user is not None and not isinstance(user, str):
-            return errors.invalid_request_body("'user' must be a string when present.")
-        if user and (problem := caller_text.refusal("user", user, caller_text.USER_CHARS)):
-            return errors.invalid_request_body(problem)
+        if (refused := check_user("user", payload.get("user"))) is not None:
+            return refused
         choices = payload.get("n")
         if choices is not None and (isinstance(choices, bool) or not isinstance(choices, int)
                                     or not 1 <= choices <= MAX_CHOICES):
             return errors.invalid_request_body(
                 f"'n' must be an integer from 1 to {MAX_CHOICES} when present.")
-        if not isinstance(payload.get("stream", False), bool):
-            return errors.invalid_request_body("'stream' must be a boolean when present.")
-        for cap in self.cap_fields:
-            value = payload.get(cap)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
-                return errors.invalid_request_body(f"'{cap}' must be a positive integer.")
-        return None
+        return check_stream_and_caps(payload, self.cap_fields)
 
     def output_cap(self, payload: dict) -> int | None:
         """The output cap the caller asked for (per choice), if any."""

@@ -15,10 +15,15 @@ from __future__ import annotations
 
 import json
 
-from llm_gateway import caller_text, errors, jsonio
+from llm_gateway import errors, jsonio
 from llm_gateway.errors import Rejection
 from llm_gateway.observe import ResponseFacts, StreamObserver
-from llm_gateway.protocols.base import OpenAICompatible
+from llm_gateway.protocols.base import (
+    OpenAICompatible,
+    check_messages,
+    check_stream_and_caps,
+    check_user,
+)
 from llm_gateway.providers import Profile
 from llm_gateway.providers.anthropic import anthropic_usage
 from llm_gateway.tokens import TOKENS_PER_MESSAGE, estimate_text
@@ -46,26 +51,10 @@ class Messages(OpenAICompatible):
     error_shape = staticmethod(anthropic_error)  # type: ignore[assignment]
 
     def check(self, payload: dict) -> Rejection | None:
-        messages = payload.get("messages")
-        if not isinstance(messages, list) or not messages:
-            return errors.invalid_request_body("'messages' must be a non-empty list.")
-        for index, message in enumerate(messages):
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                return errors.invalid_request_body(
-                    f"messages[{index}] must be an object with a 'role'.")
-        if not isinstance(payload.get("stream", False), bool):
-            return errors.invalid_request_body("'stream' must be a boolean when present.")
-        cap = payload.get("max_tokens")
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-            return errors.invalid_request_body("'max_tokens' must be a positive integer.")
         metadata = payload.get("metadata")
-        user = metadata.get("user_id") if isinstance(metadata, dict) else None
-        if user is not None and not isinstance(user, str):
-            return errors.invalid_request_body("'metadata.user_id' must be a string.")
-        if user and (problem := caller_text.refusal("metadata.user_id", user,
-                                                    caller_text.USER_CHARS)):
-            return errors.invalid_request_body(problem)
-        return None
+        return (check_messages(payload) or check_stream_and_caps(payload, self.cap_fields)
+                or check_user("metadata.user_id",
+                              metadata.get("user_id") if isinstance(metadata, dict) else None))
 
     def choices(self, payload: dict) -> int:
         return 1

@@ -16,7 +16,7 @@ import json
 from llm_gateway import caller_text, errors
 from llm_gateway.errors import Rejection
 from llm_gateway.observe import ResponseFacts, StreamObserver
-from llm_gateway.protocols.base import OpenAICompatible
+from llm_gateway.protocols.base import OpenAICompatible, check_stream_and_caps, check_user
 from llm_gateway.providers import Profile
 from llm_gateway.tokens import TOKENS_PER_MESSAGE, estimate_text
 
@@ -37,16 +37,10 @@ class Responses(OpenAICompatible):
         given = payload.get("input")
         if given is not None and not isinstance(given, str | list):
             return errors.invalid_request_body("'input' must be a string or a list of items.")
-        if not isinstance(payload.get("stream", False), bool):
-            return errors.invalid_request_body("'stream' must be a boolean when present.")
-        cap = payload.get("max_output_tokens")
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-            return errors.invalid_request_body("'max_output_tokens' must be a positive integer.")
-        user = payload.get("user")
-        if user is not None and not isinstance(user, str):
-            return errors.invalid_request_body("'user' must be a string when present.")
-        if user and (problem := caller_text.refusal("user", user, caller_text.USER_CHARS)):
-            return errors.invalid_request_body(problem)
+        refused = (check_stream_and_caps(payload, self.cap_fields)
+                   or check_user("user", payload.get("user")))
+        if refused is not None:
+            return refused
         previous = payload.get("previous_response_id")
         if previous is not None and (not isinstance(previous, str) or caller_text.refusal(
                 "previous_response_id", previous, caller_text.MODEL_CHARS)):
