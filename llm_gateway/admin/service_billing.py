@@ -122,7 +122,9 @@ class BillingOps(ServiceBase):
             provider=provider.strip(), model=model.strip(),
             input_per_mtok=parse_money(input_per_mtok, "input"),
             output_per_mtok=parse_money(output_per_mtok, "output"),
-            effective_from=self.clock() if effective_from is None else effective_from,
+            # Stores keep a moment to the microsecond (Postgres' timestamptz): the price
+            # answered is the one that will be listed.
+            effective_from=round(self.clock() if effective_from is None else effective_from, 6),
             **{name: parse_money(value, OPTIONAL_RATES[name])
                for name, value in optional_rates.items() if value is not None},
         )
