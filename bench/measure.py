@@ -78,6 +78,11 @@ class Plan:
     streams: int
     stream_seconds: float
     stream_delay_ms: int = 100
+    # Chat, Messages and Responses streams through serve (bench.phases.protocols): how many
+    # streams of each protocol at once, how long they last, rounds of all three.
+    protocol_streams: int = 200
+    protocol_seconds: float = 20.0
+    protocol_rounds: int = 5
     warmup_concurrency: int = 8
     cpu_concurrency: int = 8
     soak_seconds: float = 0.0
@@ -135,6 +140,9 @@ QUICK_PLAN = Plan(
     workers_step=Budget(seconds=1),
     streams=200,
     stream_seconds=3.0,
+    protocol_streams=40,
+    protocol_seconds=3.0,
+    protocol_rounds=1,
 )
 
 

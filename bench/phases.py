@@ -11,6 +11,9 @@ starts what it needs, measures, stops it and returns a JSON-ready dict:
   process free to use every CPU (issue 15).
 - ``streams``: thousands of paced streams at once through direct, `serve`, the reverse sidecar
   and LiteLLM, against ``bench.paced_upstream`` (issue 15; ``bench.streams``).
+- ``protocols``: CPU per relayed content event through `serve` for chat completions, Anthropic
+  Messages and OpenAI Responses streams of the same shape, in alternating rounds, and each
+  one's ratio to chat's (the agents' traffic issue; ``bench.protocols``).
 - ``budget``: what holding a request to a budget (Redis limiter and ledger, prices) adds at
   concurrency 1: `serve` and serve-budget side by side, one request to each in turn, so drift
   and neighbours hit both alike (issue 11; the table's figures come minutes apart).
@@ -29,7 +32,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +48,15 @@ from bench.measure import (
     cpu_per_request,
     say,
 )
-from bench.procstat import cpu_seconds
+from bench.procstat import CpuSample, cpu_seconds
+from bench.protocols import (
+    BASELINE,
+    LEGS,
+    PROTOCOL_MODELS,
+    UPSTREAM,
+    measure_protocols,
+    write_protocol_routes,
+)
 from bench.stats import summarize_latencies
 from bench.streams import StreamShape, hold_streams, stream_payload
 from bench.targets import (
@@ -66,7 +77,7 @@ from bench.targets import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-PHASE_NAMES = ("observability", "inprocess", "workers", "streams", "budget")
+PHASE_NAMES = ("observability", "inprocess", "workers", "streams", "protocols", "budget")
 # The gateways the streams phase runs through, when the run measures them.
 STREAM_TARGETS = ("serve", "sidecar-reverse", "litellm")
 
@@ -460,6 +471,61 @@ def _added_gaps(results: dict[str, Any]) -> None:
             }
 
 
+# ---- protocols: chat, Messages and Responses streams, CPU per event ----------------------------
+
+IDLE_SECONDS = 3.0
+
+
+@contextmanager
+def protocol_serves(environment: Environment, legs: Sequence[str],
+                    ) -> Iterator[tuple[dict[str, Target], ManagedProcess]]:
+    """The paced upstream (on the load CPUs) and a `serve` per leg (on the target CPU), each
+    with an openai and an anthropic provider on it (bench.protocols' routes)."""
+    paced, port = start_paced_upstream(environment)
+    try:
+        on_paced = dataclasses.replace(environment, fake_port=port, fake_process=paced,
+                                       routes_path=None)
+        routes = write_protocol_routes(on_paced.workdir / f"protocol-routes-{port}.yaml",
+                                       on_paced.fake_base_url)
+        with started(*(
+            lambda name=name: start_serve(on_paced, name=f"serve-{name}",
+                                          extra_env={"LLM_GATEWAY_CONFIG": str(routes)})
+            for name in legs
+        )) as serves:
+            yield dict(zip(legs, serves, strict=True)), paced
+    finally:
+        paced.stop()
+
+
+def protocols(context: Context) -> dict[str, Any]:
+    """``plan.protocol_streams`` paced streams per leg (chat, chat again, Messages, Responses),
+    every leg at once, each through its own `serve` (an openai and an anthropic provider on
+    the paced upstream; all on the target CPU), ``plan.protocol_rounds`` rounds: CPU per
+    content event and each leg's ratio to chat's (bench.protocols has the definitions)."""
+    plan = context.plan
+    shape = StreamShape(plan.protocol_streams, plan.protocol_seconds, plan.stream_delay_ms,
+                        stepped=False)
+    say(f"  {shape.streams} streams x {shape.seconds:g}s per leg ({', '.join(LEGS)}), all "
+        f"at once, one event every {shape.delay_ms} ms, {plan.protocol_rounds} rounds")
+    with protocol_serves(context.environment, list(LEGS)) as (targets, paced):
+        idle = {name: CpuSample.take(t.process.pid)  # type: ignore[union-attr]
+                for name, t in targets.items()}
+        time.sleep(IDLE_SECONDS)
+        idle_share = {name: round(sample.elapsed() / IDLE_SECONDS, 4)
+                      for name, sample in idle.items()}
+        figures = measure_protocols(targets, shape, plan.protocol_rounds, paced.pid, say)
+        notes = targets[BASELINE].notes[:1]
+    for name, leg in figures["legs"].items():
+        say(f"  {name}: {leg['steady_us_per_event']} us per event steady (x "
+            f"{leg.get('steady_ratio_to_chat', 1.0)} chat's), {leg['whole_us_per_event']} us "
+            f"whole (x {leg.get('whole_ratio_to_chat', 1.0)}), {leg['per_stream_us']} us per "
+            "stream")
+    return {"streams": shape.streams, "seconds": shape.seconds, "delay_ms": shape.delay_ms,
+            "chunks": shape.chunks, "rounds_run": plan.protocol_rounds,
+            "models": PROTOCOL_MODELS, "upstream": UPSTREAM, "notes": notes,
+            "idle_cpu_share": idle_share, **figures}
+
+
 # ---- budget: serve-budget against serve, request by request ---------------------------------
 
 UNLEASED = "serve-budget-unleased"  # serve-budget with LIMIT_LEASE_SECONDS=0
@@ -540,5 +606,6 @@ PHASES: dict[str, Callable[[Context], dict[str, Any]]] = {
     "inprocess": inprocess,
     "workers": workers,
     "streams": streams,
+    "protocols": protocols,
     "budget": budget,
 }

@@ -1,8 +1,9 @@
 """``python -m bench.run``: the whole comparison in one command.
 
     python -m bench.run [--quick] [--targets direct,serve,serve-budget,sidecar-reverse,...]
-                        [--phases observability,inprocess,workers,streams,budget]
+                        [--phases observability,inprocess,workers,streams,protocols,budget]
                         [--streams N] [--stream-seconds S]
+                        [--protocol-streams N] [--protocol-seconds S] [--protocol-rounds R]
                         [--out bench/results] [--soak SECONDS] [--no-pin] [--python-client]
 
 Starts the fake upstream, creates a gateway key, then starts, measures and stops each target
@@ -73,6 +74,15 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--stream-seconds", type=float, default=None, metavar="S",
                         help="how long each of those streams lasts, one chunk every 100 ms "
                              "(default 30; --quick 3)")
+    parser.add_argument("--protocol-streams", type=int, default=None, metavar="N",
+                        help="streams of each protocol at once in the protocols phase "
+                             "(default 200; --quick 40)")
+    parser.add_argument("--protocol-seconds", type=float, default=None, metavar="S",
+                        help="how long each of those streams lasts, one event every 100 ms "
+                             "(default 20; --quick 3)")
+    parser.add_argument("--protocol-rounds", type=int, default=None, metavar="R",
+                        help="rounds of chat, messages and responses in the protocols phase "
+                             "(default 5; --quick 1)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help="where the JSON, PNG and Markdown go (default bench/results)")
     parser.add_argument("--soak", type=float, default=0.0, metavar="SECONDS",
@@ -102,6 +112,11 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--streams must be at least 1")
     if args.stream_seconds is not None and args.stream_seconds < 0.5:
         parser.error("--stream-seconds must be at least 0.5")
+    for name in ("protocol_streams", "protocol_rounds"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.protocol_seconds is not None and args.protocol_seconds < 3:
+        parser.error("--protocol-seconds must be at least 3 (the window needs a second)")
     return args
 
 
@@ -151,6 +166,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         plan = dataclasses.replace(plan, streams=args.streams)
     if args.stream_seconds is not None:
         plan = dataclasses.replace(plan, stream_seconds=args.stream_seconds)
+    for name in ("protocol_streams", "protocol_seconds", "protocol_rounds"):
+        if getattr(args, name) is not None:
+            plan = dataclasses.replace(plan, **{name: getattr(args, name)})
     fd_limit = raise_fd_limit()  # thousands of streams: the children inherit it too
     usable_cpus = sorted(os.sched_getaffinity(0))
     target_cpus, load_cpus = assign_cpus(not args.no_pin)

@@ -19,6 +19,13 @@ chunk it only counts markers in the received bytes and appends one gap to an arr
 5 000 streams at 50 000 chunks a second in a fraction of one core (its share is reported). The
 upstream is ``bench.paced_upstream``, which costs a few microseconds per chunk, for the same
 reason: the project's fake upstream cannot feed 50 000 chunks a second on one core.
+
+The same client holds Anthropic Messages and OpenAI Responses streams (``MARKERS``): each
+protocol's content event, end and in-band error are its own markers (``content_block_delta``
+and ``message_stop``; ``response.output_text.delta`` and ``response.completed``). It also
+counts every SSE frame it receives, and with a target's pid gives the target's CPU over the
+window and over the whole run with the content events received in each: CPU per content event
+(the protocols phase, ``bench.phases.protocols``).
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import functools
+import json
 import statistics
 import threading
 import time
@@ -39,7 +48,35 @@ CONTENT_MARK = b"is chunk "  # once in every content frame ("This is chunk N of 
 DONE_MARK = b"[DONE]"
 ERROR_MARK = b'"error"'
 END_MARK = b"\r\n0\r\n\r\n"  # the last chunk of a chunked body
-_TAIL = max(len(CONTENT_MARK), len(DONE_MARK), len(ERROR_MARK), len(END_MARK)) - 1
+FRAME_END = b"\n\n"  # the end of every SSE frame (the paced upstream and serve write no CR)
+
+
+@dataclass(frozen=True)
+class Markers:
+    """What the client looks for in a protocol's stream: once in every content event, in
+    the event that ends the stream, in an in-band error. ``content`` is the longest, so that
+    the bytes kept from one read for the next (one fewer than the longest) never hold a
+    whole one, which would be counted twice."""
+
+    content: bytes
+    done: bytes
+    error: bytes
+
+    @functools.cached_property
+    def tail(self) -> int:
+        return max(len(self.content), len(self.done), len(self.error), len(END_MARK)) - 1
+
+
+MARKERS = {
+    "chat": Markers(CONTENT_MARK, DONE_MARK, ERROR_MARK),
+    # The event lines: the text deltas' payloads hold the chunk's sentence, the .done events
+    # and response.completed the whole text again, and response.created an "error": null.
+    "messages": Markers(b"event: content_block_delta\n", b"event: message_stop\n",
+                        b"event: error\n"),
+    "responses": Markers(b"event: response.output_text.delta\n",
+                         b"event: response.completed\n", b"event: error\n"),
+}
+PROTOCOLS = tuple(MARKERS)
 OPEN_RATE_PER_SECOND = 1000  # new connections a second while a step opens its streams
 SETTLE_SECONDS = 1.0  # after a step's streams are open, before its window starts
 KIB = 1024
@@ -50,6 +87,7 @@ class StreamShape:
     streams: int
     seconds: float
     delay_ms: int = 100
+    stepped: bool = True  # False: every stream opens at once, one window (bench.protocols)
 
     @property
     def chunks(self) -> int:
@@ -57,8 +95,9 @@ class StreamShape:
 
     def steps(self) -> list[int]:
         """Open streams at each measuring step: four steps when the streams last long enough
-        for each to open, settle and be measured before the first stream ends."""
-        if self.seconds >= 20 and self.streams >= 64:
+        for each to open, settle and be measured before the first stream ends (and
+        ``stepped``)."""
+        if self.stepped and self.seconds >= 20 and self.streams >= 64:
             return sorted({max(1, self.streams // 8), max(1, self.streams // 4),
                            max(1, self.streams // 2), self.streams})
         return [self.streams]
@@ -83,8 +122,10 @@ class PacedStream(asyncio.Protocol):
         "error_body",
         "expected",
         "finished",
+        "frames",
         "head",
         "last_at",
+        "markers",
         "opened_at",
         "payload",
         "previous_at",
@@ -96,8 +137,11 @@ class PacedStream(asyncio.Protocol):
     )
 
     def __init__(self, payload: bytes, expected: int, window: Window,
-                 all_gaps: array.array[float], finished: asyncio.Future[None]) -> None:
+                 all_gaps: array.array[float], finished: asyncio.Future[None],
+                 markers: Markers = MARKERS["chat"]) -> None:
         self.payload = payload
+        self.markers = markers
+        self.frames = 0  # SSE frames received (every event, framing ones too)
         self.expected = expected
         self.window = window
         self.all_gaps = all_gaps
@@ -139,8 +183,11 @@ class PacedStream(asyncio.Protocol):
                 self.error_body = data[:300]
                 self.fail(f"HTTP {self.status}")
                 return
+        markers = self.markers
+        # A frame's end split across two reads is counted with the second.
+        self.frames += data.count(FRAME_END) + (self.tail[-1:] == b"\n" and data[:1] == b"\n")
         scan = self.tail + data
-        found = scan.count(CONTENT_MARK)
+        found = scan.count(markers.content)
         if found:
             if self.content:  # the first content frame has no gap before it
                 gap = now - self.previous_at
@@ -157,14 +204,14 @@ class PacedStream(asyncio.Protocol):
                     self.all_gaps.append(0.0)
             self.content += found
             self.previous_at = now
-        if ERROR_MARK in scan:
+        if markers.error in scan:
             self.error = True
-        if not self.done and DONE_MARK in scan:
+        if not self.done and markers.done in scan:
             self.done = True
         if self.done and END_MARK in scan:
             self.ended = True
             self.close()
-        self.tail = scan[-_TAIL:]
+        self.tail = scan[-markers.tail:]
 
     def fail(self, problem: str) -> None:
         if self.problem is None:
@@ -239,8 +286,10 @@ def _gap_figures(gaps: Sequence[float]) -> dict[str, object]:
 async def run_streams(
     host: str, port: int, payload: bytes, shape: StreamShape, pid: int | None,
     say: Callable[[str], None] = lambda _: None, upstream_pid: int | None = None,
+    markers: Markers = MARKERS["chat"], window_s: float = 3.0,
 ) -> dict[str, object]:
-    """Open ``shape.streams`` streams in steps, measure each step, wait for all to end."""
+    """Open ``shape.streams`` streams in steps, measure each step (a window of at most
+    ``window_s``), wait for all to end."""
     loop = asyncio.get_running_loop()
     window = Window()
     all_gaps: array.array[float] = array.array("d")
@@ -252,10 +301,11 @@ async def run_streams(
     steps_out: list[dict[str, object]] = []
     cpu_started, wall_started = time.process_time(), time.perf_counter()
     baseline = rss_bytes(pid) if pid is not None else None
+    target_started = CpuSample.take(pid) if pid is not None else None
 
     async def open_one() -> None:
         done: asyncio.Future[None] = loop.create_future()
-        stream = PacedStream(payload, shape.chunks, window, all_gaps, done)
+        stream = PacedStream(payload, shape.chunks, window, all_gaps, done, markers)
         try:
             await asyncio.wait_for(loop.create_connection(lambda: stream, host, port), 15)
         except (OSError, TimeoutError) as exc:
@@ -293,7 +343,7 @@ async def run_streams(
             await asyncio.sleep(SETTLE_SECONDS)
             # The window must close before the first stream of the phase ends.
             left = shape.seconds - (time.perf_counter() - first_opened) - 0.5
-            length = max(0.5, min(3.0, left))
+            length = max(0.5, min(window_s, left))
             window.gaps = array.array("d")
             target_cpu = CpuSample.take(pid) if pid is not None else None
             upstream_cpu = CpuSample.take(upstream_pid) if upstream_pid is not None else None
@@ -318,7 +368,12 @@ async def run_streams(
             if upstream_cpu is not None:
                 step["upstream_cpu_share"] = round(upstream_cpu.elapsed() / (ended - started), 3)
             if target_cpu is not None:
-                step["target_cpu_share"] = round(target_cpu.elapsed() / (ended - started), 3)
+                spent = target_cpu.elapsed()
+                step["target_cpu_share"] = round(spent / (ended - started), 3)
+                # Every content event received in the window left a gap (a stream's first
+                # has none, and every stream had its first before the window).
+                step["content_events"] = len(gaps)
+                step["target_cpu_s"] = round(spent, 3)
             if pid is not None and baseline is not None and rss_now is not None:
                 step["rss_mib"] = round(rss_now / 2**20, 1)
                 # Per stream being served (one refused, broken off or still waiting for its
@@ -338,6 +393,7 @@ async def run_streams(
     with contextlib.suppress(asyncio.CancelledError):
         await guard
     wall = time.perf_counter() - wall_started
+    target_spent = target_started.elapsed() if target_started is not None else None
     ok = sum(stream.ok for stream in streams)
     problems: dict[str, int] = {}
     for stream in streams:
@@ -355,14 +411,16 @@ async def run_streams(
         "gaps_all": _gap_figures(all_gaps),
         "wall_s": round(wall, 1),
         "client_cpu_share": round((time.process_time() - cpu_started) / wall, 3),
+        # Over the whole run, every stream from its connection to its end.
+        "content_events": sum(stream.content for stream in streams),
+        "frames": sum(stream.frames for stream in streams),
+        "target_cpu_s": round(target_spent, 3) if target_spent is not None else None,
     }
 
 
 def stream_payload(host: str, port: int, path: str, authorization: str, model: str,
                    shape: StreamShape) -> bytes:
     """The request every stream sends (max_tokens large enough for every chunk)."""
-    import json
-
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Say hello."}],
                        "stream": True, "max_tokens": shape.chunks * 8 + 64},
                       separators=(",", ":")).encode()
@@ -370,6 +428,33 @@ def stream_payload(host: str, port: int, path: str, authorization: str, model: s
             f"authorization: {authorization}\r\nx-fake-chunks: {shape.chunks}\r\n"
             f"x-fake-chunk-delay-ms: {shape.delay_ms}\r\ncontent-length: {len(body)}\r\n\r\n")
     return head.encode("latin-1") + body
+
+
+ANTHROPIC_VERSION = "2023-06-01"  # what the anthropic SDKs and Claude Code send
+
+
+def protocol_payload(protocol: str, host: str, port: int, key: str, model: str,
+                     shape: StreamShape) -> bytes:
+    """The request every stream of ``protocol`` sends, as its SDK would: chat as
+    ``stream_payload``; Messages with the key in x-api-key and anthropic-version; Responses
+    with ``input`` and ``max_output_tokens``. The output cap covers every chunk."""
+    cap = shape.chunks * 8 + 64
+    if protocol == "chat":
+        return stream_payload(host, port, "/v1/chat/completions", f"Bearer {key}", model, shape)
+    if protocol == "messages":
+        path, auth = "/v1/messages", f"x-api-key: {key}\r\nanthropic-version: {ANTHROPIC_VERSION}"
+        body: dict[str, object] = {"model": model, "max_tokens": cap, "stream": True,
+                                   "messages": [{"role": "user", "content": "Say hello."}]}
+    elif protocol == "responses":
+        path, auth = "/v1/responses", f"authorization: Bearer {key}"
+        body = {"model": model, "input": "Say hello.", "stream": True, "max_output_tokens": cap}
+    else:
+        raise ValueError(f"unknown protocol {protocol!r}; choose from {', '.join(PROTOCOLS)}")
+    encoded = json.dumps(body, separators=(",", ":")).encode()
+    head = (f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
+            f"{auth}\r\nx-fake-chunks: {shape.chunks}\r\n"
+            f"x-fake-chunk-delay-ms: {shape.delay_ms}\r\ncontent-length: {len(encoded)}\r\n\r\n")
+    return head.encode("latin-1") + encoded
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -384,10 +469,41 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 def hold_streams(host: str, port: int, payload: bytes, shape: StreamShape, pid: int | None,
                  say: Callable[[str], None] = lambda _: None,
-                 upstream_pid: int | None = None) -> dict[str, object]:
+                 upstream_pid: int | None = None, markers: Markers = MARKERS["chat"],
+                 window_s: float = 3.0) -> dict[str, object]:
     loop = new_event_loop()
     try:
         return loop.run_until_complete(
-            run_streams(host, port, payload, shape, pid, say, upstream_pid))
+            run_streams(host, port, payload, shape, pid, say, upstream_pid, markers, window_s))
+    finally:
+        loop.close()
+
+
+@dataclass(frozen=True)
+class Leg:
+    """One of several stream sets held at the same time: where, what, whose CPU, markers."""
+
+    host: str
+    port: int
+    payload: bytes
+    pid: int | None
+    markers: Markers
+
+
+def hold_together(legs: Sequence[Leg], shape: StreamShape, upstream_pid: int | None = None,
+                  window_s: float = 3.0) -> list[dict[str, object]]:
+    """``shape.streams`` streams of every leg at once, on one client loop: their windows
+    coincide, so whatever else the host does falls on every leg alike. The client's and the
+    upstream's shares are those of all the legs together."""
+
+    async def every_leg() -> list[dict[str, object]]:
+        return list(await asyncio.gather(*(
+            run_streams(leg.host, leg.port, leg.payload, shape, leg.pid,
+                        upstream_pid=upstream_pid, markers=leg.markers, window_s=window_s)
+            for leg in legs)))
+
+    loop = new_event_loop()
+    try:
+        return loop.run_until_complete(every_leg())
     finally:
         loop.close()

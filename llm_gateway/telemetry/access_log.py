@@ -1,5 +1,5 @@
 """One JSON line per request on stderr (``ACCESS_LOG=json``): the usage record's fields
-(for a rejection: what is known of it), nothing more — no prompt, no key. The provider's
+(for a rejection: what is known of it, its client protocol included), nothing more — no prompt, no key. The provider's
 own reported cost is part of the line (``provider_cost_usd``/``provider_cost_diem``).
 
 A sampled share of requests (``AUDIT_SAMPLE_RATE``), and every failed one with
@@ -50,14 +50,14 @@ class AccessLog:
             self._write(b'{"event":"request",%s}\n' % fields)
 
     def rejected(self, *, request_id: str, trace_id: str, adapter: str, method: str,
-                 path: str, rejection: Rejection, key_id: str | None,
+                 path: str, protocol: str, rejection: Rejection, key_id: str | None,
                  key_prefix: str | None) -> None:
         if not self.enabled:
             return
         self._write(jsonio.dumps({
             "event": "rejected", "request_id": request_id, "trace_id": trace_id,
-            "at": time.time(), "adapter": adapter, "method": method, "path": path,
-            "status": rejection.status, "error_code": rejection.code,
+            "at": time.time(), "adapter": adapter, "protocol": protocol, "method": method,
+            "path": path, "status": rejection.status, "error_code": rejection.code,
             "key_id": key_id, "key_prefix": key_prefix,
         }) + b"\n")
 

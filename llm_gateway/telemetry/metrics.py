@@ -3,10 +3,16 @@
 A label value never comes from free text in a request: keys are named by their prefix
 (or name, or not at all: ``METRICS_KEY_LABEL``), models by the aliases and models the
 routes configure (anything else is ``other``), providers by their configured names, codes
-by the gateway's own. 2 000 made-up model names are one ``other`` series, not 2 000. Values
+by the gateway's own, protocols by the fixed set of client protocols (genai.PROTOCOLS). 2 000
+made-up model names are one ``other`` series, not 2 000. Values
 are bounded in length too (``LABEL_CHARS``): a longer model name a provider answered is
 ``other``, a longer subject or key name is cut, so no scrape grows with what callers send.
 Histogram buckets follow the OpenTelemetry GenAI advice.
+
+Tokens are counted by ``type``: ``input`` and ``output`` (every token, as billed), and the
+parts of them that ``cache_read`` (input read from the provider's prompt cache),
+``cache_write`` (input written to it) and ``reasoning`` (output spent reasoning) name; so a sum
+over every type counts those twice: sum ``type=~"input|output"``.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from llm_gateway.billing.records import UsageRecord
 from llm_gateway.errors import Rejection
 from llm_gateway.keys import KeyRecord
+from llm_gateway.telemetry.genai import protocol_label
 
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
                     40.96, 81.92)
@@ -28,6 +35,10 @@ FIRST_CHUNK_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.
                        2.5, 5.0, 7.5, 10.0)
 PER_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 KEY_LABELS = ("none", "prefix", "name")
+# llm_gateway_tokens_total's types: the record's field of each.
+TOKEN_TYPES = (("input", "prompt_tokens"), ("output", "completion_tokens"),
+               ("cache_read", "cache_read_tokens"), ("cache_write", "cache_write_tokens"),
+               ("reasoning", "reasoning_tokens"))
 OTHER = "other"
 
 
@@ -71,52 +82,57 @@ class GatewayMetrics:
         self.labels = labels
         self.requests = Counter(
             "llm_gateway_requests", "Admitted requests, when they finish",
-            ["key", "subject", "model", "provider", "status", "code"], registry=registry)
+            ["key", "subject", "model", "provider", "protocol", "status", "code"],
+            registry=registry)
         self.rejections = Counter(
             "llm_gateway_rejections", "Requests the gateway answered itself",
-            ["key", "status", "code"], registry=registry)
+            ["key", "protocol", "status", "code"], registry=registry)
         self.duration = Histogram(
             "llm_gateway_request_duration_seconds", "From admission to the last byte",
-            ["model", "provider"], buckets=DURATION_BUCKETS, registry=registry)
+            ["model", "provider", "protocol"], buckets=DURATION_BUCKETS, registry=registry)
         self.first_chunk = Histogram(
             "llm_gateway_time_to_first_chunk_seconds", "Streams: to the first SSE event",
-            ["model", "provider"], buckets=FIRST_CHUNK_BUCKETS, registry=registry)
+            ["model", "provider", "protocol"], buckets=FIRST_CHUNK_BUCKETS, registry=registry)
         self.per_token = Histogram(
             "llm_gateway_time_per_output_token_seconds",
-            "Streams: after the first chunk, per output token", ["model", "provider"],
+            "Streams: after the first chunk, per output token", ["model", "provider", "protocol"],
             buckets=PER_TOKEN_BUCKETS, registry=registry)
         self.tokens = Counter(
-            "llm_gateway_tokens", "Tokens metered", ["key", "subject", "model", "provider", "type"],
-            registry=registry)
+            "llm_gateway_tokens", "Tokens metered, by type (cache_read, cache_write: part of "
+            "input; reasoning: part of output)",
+            ["key", "subject", "model", "provider", "protocol", "type"], registry=registry)
         self.cost = Counter(
             "llm_gateway_cost_usd", "USD, priced by the gateway's table",
-            ["key", "subject", "model", "provider"], registry=registry)
+            ["key", "subject", "model", "provider", "protocol"], registry=registry)
         self.upstream_failures = Counter(
             "llm_gateway_upstream_failures", "Failed attempts at a provider, by kind",
             ["provider", "kind"], registry=registry)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
-    def finished(self, record: UsageRecord, key: KeyRecord) -> None:
+    def finished(self, record: UsageRecord, key: KeyRecord) -> str:
+        """Counts the record; returns its model label (the OTLP metrics' model too)."""
         labels = self.labels
         who = (labels.key(key), labels.subject(record.subject_id))
         model = labels.model(record.model, answered=record.status < 400)
         provider = record.provider or "none"
+        protocol = protocol_label(record.protocol)
+        where = (model, provider, protocol)
         child = self._child
-        child(self.requests, (*who, model, provider, str(record.status),
+        child(self.requests, (*who, *where, str(record.status),
                               record.error_code or "")).inc()
-        child(self.duration, (model, provider)).observe(record.duration_ms / 1000)
-        if record.prompt_tokens:
-            child(self.tokens, (*who, model, provider, "input")).inc(record.prompt_tokens)
-        if record.completion_tokens:
-            child(self.tokens, (*who, model, provider, "output")).inc(record.completion_tokens)
+        child(self.duration, where).observe(record.duration_ms / 1000)
+        for kind, field in TOKEN_TYPES:
+            if count := getattr(record, field):
+                child(self.tokens, (*who, *where, kind)).inc(count)
         if record.cost_usd:
-            child(self.cost, (*who, model, provider)).inc(float(record.cost_usd))
+            child(self.cost, (*who, *where)).inc(float(record.cost_usd))
         if record.first_chunk_ms is not None:
-            child(self.first_chunk, (model, provider)).observe(record.first_chunk_ms / 1000)
+            child(self.first_chunk, where).observe(record.first_chunk_ms / 1000)
             if record.completion_tokens > 1:
                 after = (record.duration_ms - record.first_chunk_ms) / 1000
-                child(self.per_token, (model, provider)).observe(
+                child(self.per_token, where).observe(
                     max(0.0, after) / (record.completion_tokens - 1))
+        return model
 
     def _child(self, metric: MetricWrapperBase, values: tuple[str, ...]) -> Any:
         """``metric.labels(*values)``, remembered: prometheus_client checks and locks on
@@ -128,8 +144,9 @@ class GatewayMetrics:
             found = self._children[cache_key] = metric.labels(*values)
         return found
 
-    def rejected(self, rejection: Rejection, key: KeyRecord | None) -> None:
-        self.rejections.labels(self.labels.key(key), str(rejection.status), rejection.code).inc()
+    def rejected(self, rejection: Rejection, key: KeyRecord | None, protocol: str) -> None:
+        self.rejections.labels(self.labels.key(key), protocol_label(protocol),
+                               str(rejection.status), rejection.code).inc()
 
     def upstream_failed(self, provider: str, kind: str) -> None:
         self.upstream_failures.labels(provider, kind).inc()

@@ -4,7 +4,9 @@ child, and the upstream request carries the gateway's ``traceparent``.
 
 Without a recording tracer provider (no OTLP endpoint) nothing is exported, but every
 request still has a trace id: the caller's, or a new random one, for ``x-trace-id`` and
-for the provider. Span attributes follow the OpenTelemetry GenAI semantic conventions.
+for the provider. Span attributes follow the OpenTelemetry GenAI semantic conventions
+(genai.py: the operation, the provider from its profile); usage includes the prompt cache's
+reads and writes and the reasoning tokens, each part of the input or output count.
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ from opentelemetry.trace import (
 from llm_gateway.billing.records import UsageRecord
 from llm_gateway.config import Settings
 from llm_gateway.errors import Rejection
+from llm_gateway.telemetry.genai import openai_api_type, operation_name, provider_name
 
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
-_OPERATION = {"chat.completions": "chat", "embeddings": "embeddings", "models": "models"}
 _random = random.Random()  # trace ids need to be unique, not secret: no syscall each
 
 
@@ -100,10 +102,11 @@ class Tracing:
         return Trace(trace_id, f"{_random.getrandbits(64):016x}", None,
                      parent.trace_flags.sampled if parent else True)
 
-    def rejected(self, current: Trace, rejection: Rejection) -> None:
+    def rejected(self, current: Trace, rejection: Rejection, protocol: str) -> None:
         span = current.span
         if span is None:
             return
+        span.set_attribute("llm_gateway.protocol", protocol)
         span.set_attribute("http.response.status_code", rejection.status)
         span.set_attribute("error.type", rejection.code)
         span.set_status(Status(StatusCode.ERROR, rejection.code))
@@ -115,12 +118,13 @@ class Tracing:
             return
         start_ns = int(record.started_at * 1e9)
         end_ns = start_ns + int(record.duration_ms * 1e6)
-        operation = _OPERATION.get(record.endpoint, record.endpoint)
+        operation = operation_name(record.endpoint)
         name = f"{operation} {record.model}" if record.model else operation
         client = self._tracer.start_span(name, kind=SpanKind.CLIENT, start_time=start_ns,
                                          context=trace.set_span_in_context(server))
         client.set_attributes(self._attributes(record, exchange, operation))  # type: ignore[arg-type]
         server.set_attribute("http.response.status_code", record.status)
+        server.set_attribute("llm_gateway.protocol", record.protocol)
         if record.error_code:
             for span in (client, server):
                 span.set_attribute("error.type", record.error_code)
@@ -130,9 +134,10 @@ class Tracing:
 
     def _attributes(self, record: UsageRecord, exchange: Any,
                     operation: str) -> dict[str, object]:
+        provider = provider_name(exchange.profile.name)
         attributes: dict[str, object] = {
             "gen_ai.operation.name": operation,
-            "gen_ai.provider.name": record.provider or "none",
+            "gen_ai.provider.name": provider,
             "gen_ai.request.stream": record.stream,
             "server.address": exchange.server_address,
             "http.response.status_code": record.status,
@@ -140,24 +145,36 @@ class Tracing:
             "llm_gateway.key_prefix": record.key_prefix,
             "llm_gateway.subject_id": record.subject_id,
             "llm_gateway.adapter": record.adapter,
+            "llm_gateway.protocol": record.protocol,
             "llm_gateway.attempts": record.attempts,
         }
+        first_chunk = record.first_chunk_ms
         optional = {
             "gen_ai.request.model": record.model,
             "gen_ai.response.model": record.upstream_model,
             "gen_ai.response.id": record.response_id,
             "gen_ai.response.finish_reasons": record.finish_reasons or None,
+            "gen_ai.response.time_to_first_chunk": (None if first_chunk is None
+                                                    else first_chunk / 1000),
+            "openai.api.type": openai_api_type(provider, record.protocol),
+            "llm_gateway.provider": record.provider or None,
             "llm_gateway.route_target": (f"{record.provider}/{record.upstream_model}"
                                          if record.provider else None),
             "llm_gateway.cost_usd": _number(record.cost_usd),
             "llm_gateway.provider_cost_usd": _number(record.provider_cost_usd),
             "llm_gateway.provider_cost_diem": _number(record.provider_cost_diem),
-            "llm_gateway.time_to_first_chunk_ms": record.first_chunk_ms,
+            "llm_gateway.time_to_first_chunk_ms": first_chunk,
         }
         attributes.update({name: value for name, value in optional.items() if value is not None})
         if record.prompt_tokens or record.completion_tokens:
+            # The usage record's counts are the conventions' already: the cache's reads and
+            # writes are part of the input tokens, reasoning part of the output tokens.
             attributes["gen_ai.usage.input_tokens"] = record.prompt_tokens
             attributes["gen_ai.usage.output_tokens"] = record.completion_tokens
+            attributes["gen_ai.usage.cache_read.input_tokens"] = record.cache_read_tokens
+            attributes["gen_ai.usage.cache_creation.input_tokens"] = record.cache_write_tokens
+            if record.reasoning_tokens:
+                attributes["gen_ai.usage.reasoning.output_tokens"] = record.reasoning_tokens
         if self._capture_content:
             messages = _input_messages(exchange.request_body)
             if messages is not None:

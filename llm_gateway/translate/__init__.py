@@ -171,10 +171,11 @@ class Translation:
 
     __slots__ = ("caller", "request", "target")
 
-    def __init__(self, caller: str, target: str, payload: dict) -> None:
+    def __init__(self, caller: str, target: str, payload: dict, *, now: float = 0) -> None:
         self.caller = codec(caller)
         self.target = codec(target)
         self.request = self.caller.read_request(payload)
+        self.request.now = int(now)
 
     @property
     def dropped(self) -> list[str]:

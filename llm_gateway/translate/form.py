@@ -159,12 +159,17 @@ class Request:
     top_p: float | None = None
     stop: list[str] = field(default_factory=list)
     stream: bool = False
+    # Chat's stream_options.include_usage: a chat caller gets the usage chunk only if asked.
+    stream_usage: bool = False
     reasoning: Reasoning | None = None
     output_format: OutputFormat | None = None
     user: str | None = None  # the end user's id (chat's user, Anthropic's metadata.user_id)
     # A stored conversation this request continues (Responses' previous_response_id): a
     # writer whose target keeps none refuses it.
     previous_response_id: str | None = None
+    # When the gateway took the request (unix seconds): a writer's ``created`` where the
+    # target said none (Anthropic's answers carry no time). Set by the Translation.
+    now: int = 0
     # What the caller sent that the form does not carry, by the caller's field names
     # ("cache_control", "tools[web_search]", "anthropic-beta"); the writer adds what its
     # target cannot take.
@@ -198,6 +203,7 @@ class Reply:
     stop: Stop = "end"
     stop_sequence: str | None = None
     usage: Usage | None = None
+    created: int | None = None  # unix seconds, where the target said
 
 
 # ---- a stream, event by event ------------------------------------------------------------
@@ -216,6 +222,7 @@ class Begin:
     id: str
     model: str
     usage: Usage | None = None  # what the target said of the prompt at the start
+    created: int | None = None
 
 
 @dataclass(slots=True)
