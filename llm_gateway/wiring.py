@@ -9,7 +9,7 @@ import random
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import TracerProvider
 
@@ -69,6 +69,7 @@ def build_gateway(
     rng: random.Random | None = None,
     health_clock: Callable[[], float] = time.time,
     access_log_fd: int = 2,
+    meter_provider: Any = None,
 ) -> Gateway:
     """The engine the settings describe; tests pass their own parts."""
     store = store or open_store(settings.database_url)
@@ -83,7 +84,7 @@ def build_gateway(
     table = routes or parse_routes(settings.routes, environ, settings)
     router = Router(table, HealthBook(table.health, health_clock), rng)
     telemetry = Telemetry(settings, tracer_provider, known_models=router.known_models,
-                          access_log_fd=access_log_fd)
+                          access_log_fd=access_log_fd, meter_provider=meter_provider)
     router.on_outcome(lambda target, outcome, _, __: _count_failure(telemetry, target, outcome))
     shared_health = None
     if (shared_evidence := open_shared_evidence(settings)) is not None:

@@ -71,10 +71,9 @@ class Telemetry:
         self.access_log.finished(record, exchange.request_body, exchange.response_bytes)
         if self.genai is not None:
             upstream = record.upstream_model
-            self.genai.finished(
-                record, provider=provider_name(exchange.profile.name), request_model=model,
-                response_model=self.prometheus.labels.model(upstream, answered=True)
-                if upstream else None)
+            answered = self.prometheus.labels.model(upstream, answered=record.status < 400)
+            self.genai.finished(record, provider=provider_name(exchange.profile.name),
+                                request_model=model, response_model=answered if upstream else None)
 
     def upstream_failed(self, provider: str, kind: str) -> None:
         self.prometheus.upstream_failed(provider, kind)
