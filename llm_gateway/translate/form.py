@@ -112,6 +112,9 @@ class Tool:
     parameters: dict | None = None
     kind: Literal["function", "custom"] = "function"
     strict: bool | None = None
+    # A custom tool's input format as Responses says it ({"type": "grammar", "syntax",
+    # "definition"} or {"type": "text"}), for a target that takes one.
+    grammar: dict | None = None
 
 
 @dataclass(slots=True)
@@ -236,6 +239,7 @@ class ThinkingDelta:
     text: str = ""
     signature: str | None = None  # Anthropic's signature_delta: the block's proof
     index: int = 0
+    encrypted: str | None = None  # a Responses reasoning item's encrypted_content (at its end)
 
 
 @dataclass(slots=True)
