@@ -385,13 +385,45 @@ def _streams_section(phase: Mapping[str, Any]) -> Section:
                    rows, notes)
 
 
+def _protocols_section(phase: Mapping[str, Any]) -> Section:
+    title = "Protocols: CPU per relayed event through serve, chat, Messages and Responses"
+    if (note := _status_note(phase)) is not None:
+        return Section(title, notes=[note])
+    title = (f"Protocols: CPU per relayed event through serve, {phase['streams']} streams of "
+             f"each at once, one event every {phase['delay_ms']} ms for {phase['seconds']:g} s")
+    rows = []
+    for name, leg in (phase.get("legs") or {}).items():
+        ratio, spread = leg.get("steady_ratio_to_chat"), leg.get("steady_ratio_range")
+        rows.append([
+            name, _num(leg.get("steady_us_per_event")),
+            "1" if ratio is None else _num(ratio, 3)
+            + (f" ({_num(spread[0], 3)}-{_num(spread[1], 3)})" if spread else ""),
+            _num(leg.get("whole_us_per_event")),
+            _num(leg.get("whole_ratio_to_chat"), 3) if ratio is not None else "1",
+            _num(leg.get("per_stream_us"), 0), _num(leg.get("frames_per_stream"), 0),
+            str(leg.get("errors", "-")),
+        ])
+    return Section(title, ("leg", "steady us/event", "x chat", "whole us/event", "x chat",
+                           "us/stream", "events/stream", "errors"), rows,
+                   [f"{phase.get('rounds_run')} rounds, every leg at once, each through its own "
+                    "serve on the target CPU; the upstream: "
+                    f"{phase.get('upstream')}. An event: a content event (a chat chunk, a "
+                    "content_block_delta, a response.output_text.delta). Steady: the serve's "
+                    "CPU over a window of content events only, per event received; whole: from "
+                    "the first connection to the last end, framing events, admission and the "
+                    "record included; us/stream: whole minus steady, per stream. x chat: the "
+                    "median of the rounds' ratios (their range); chat-again is chat through a "
+                    "second serve, the ratio's own noise. Chat's steady figure varied by "
+                    f"{_num(phase.get('chat_spread'), 3)} (max-min over median) over the rounds."])
+
+
 def sections(document: Mapping[str, Any]) -> list[Section]:
     targets = document["targets"]
     phases = document.get("phases") or {}
     found = [_routing_section(targets), _budget_section(targets)]
     builders = {"observability": _observability_section, "inprocess": _inprocess_section,
                 "workers": _workers_section, "streams": _streams_section,
-                "budget": _budget_phase_section}
+                "protocols": _protocols_section, "budget": _budget_phase_section}
     for name, build in builders.items():
         if name in phases:
             found.append(build(phases[name]))

@@ -9,6 +9,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -16,10 +17,12 @@ from bench.chart import chart_data, streams_chart_data, write_chart, write_strea
 from bench.client import Endpoint, HttpConnection, check_stream
 from bench.goals import check_goals
 from bench.loadgen import Budget, PythonGenerator, parse_hey_output
+from bench.paced_upstream import stream_events
 from bench.pngcanvas import Canvas
+from bench.protocols import summarize
 from bench.report import markdown_table, render_markdown, render_text, table_rows
 from bench.run import parse_arguments
-from bench.streams import StreamShape, hold_streams, stream_payload
+from bench.streams import MARKERS, StreamShape, hold_streams, protocol_payload, stream_payload
 from bench.targets import (
     ROUTED_MODEL,
     Target,
@@ -58,7 +61,8 @@ def test_quick_run_prints_the_table_and_writes_json_png_and_markdown(tmp_path):
         assert any(line.startswith(name) for line in table.splitlines()), table
     assert "Goals (from the issues):" in table
     for section in ("Routing on the measured path", "Observability:", "In-process transport:",
-                    "serve --workers 2 against one worker", "Long-lived streams:"):
+                    "serve --workers 2 against one worker", "Long-lived streams:",
+                    "Protocols: CPU per relayed event"):
         assert section in table, table
 
     document = json.loads((tmp_path / "latest.json").read_text())
@@ -68,7 +72,16 @@ def test_quick_run_prints_the_table_and_writes_json_png_and_markdown(tmp_path):
     assert document["machine"]["cpus"] >= 1 and document["machine"]["python"]
     assert list(document["targets"]) == targets
     assert list(document["phases"]) == ["observability", "inprocess", "workers", "streams",
-                                        "budget"]
+                                        "protocols", "budget"]
+    protocols = document["phases"]["protocols"]
+    assert protocols["status"] == "ok", protocols
+    assert list(protocols["legs"]) == ["chat", "chat-again", "messages", "responses"]
+    framing = {"chat": 3, "messages": 6, "responses": 8}  # events besides the content ones
+    for leg in protocols["legs"].values():
+        assert leg["errors"] == 0, leg
+        assert leg["frames_per_stream"] == protocols["chunks"] + framing[leg["protocol"]], leg
+        assert leg["whole_us_per_event"] > 0, leg
+    assert protocols["legs"]["messages"]["whole_ratio_to_chat"] > 0
     budget = document["targets"].pop("serve-budget")
     if redis_problem is None:
         assert budget["status"] == "ok", budget
@@ -88,6 +101,7 @@ def test_quick_run_prints_the_table_and_writes_json_png_and_markdown(tmp_path):
     assert goals["serve: added latency c=1 p50"]["measured"] is not None
     # Too few streams in a quick run to say anything about the 128-stream goal.
     assert goals["serve: paced streams held at once"]["met"] is None
+    assert goals["messages via serve: CPU per relayed event / chat's"]["met"] is None
     paired = document["phases"]["budget"]
     if redis_problem is None:
         assert paired["status"] == "ok", paired
@@ -280,6 +294,22 @@ def _synthetic_document() -> dict:
     }
 
 
+def _synthetic_protocols() -> dict:
+    def leg(steady: float) -> dict:
+        return {"ok": 200, "errors": 0, "frames_per_stream": 205.0,
+                "steady_us_per_event": steady, "whole_us_per_event": steady * 1.2,
+                "whole_us_per_frame": steady, "per_stream_us": 1000.0,
+                "target_cpu_share": 0.2}
+
+    rounds = [{"chat": leg(80.0), "chat-again": leg(80.0), "messages": leg(84.0),
+               "responses": leg(96.0)},
+              {"chat": leg(60.0), "chat-again": leg(61.0), "messages": leg(69.0),
+               "responses": leg(78.0)}]
+    return {"status": "ok", "streams": 200, "seconds": 20.0, "delay_ms": 100, "chunks": 200,
+            "rounds_run": 2, "upstream": "paced",
+            **summarize(rounds, ["chat", "chat-again", "messages", "responses"])}
+
+
 def _synthetic_phases(streams: int = 5000, seconds: float = 30.0) -> dict:
     def stream_step(count: int, rss: float, added_p99: float | None) -> dict:
         step = {"streams": count, "open_in_window": count, "streaming_in_window": count,
@@ -308,6 +338,7 @@ def _synthetic_phases(streams: int = 5000, seconds: float = 30.0) -> dict:
                                     "max_throughput_rps": 1700.0, "errors": 0},
                     "ratio": 1.7},
         "inprocess": {"status": "unavailable", "reason": "no engine"},
+        "protocols": _synthetic_protocols(),
         "streams": {
             "status": "ok", "streams": streams, "seconds": seconds, "delay_ms": 100,
             "chunks": int(seconds * 10), "steps": levels,
@@ -379,6 +410,10 @@ def test_phase_goals_are_judged_only_at_their_scale():
     assert goals["streams via serve: added inter-chunk delay p99"]["met"] is True
     assert goals["streams via sidecar-reverse: errors"]["met"] is None  # the phase failed
     assert goals["harness: client + upstream CPU at the most streams"]["measured"] == 0.7
+    # Messages' rounds: 1.05 and 1.15 of chat's, median 1.1; Responses 1.2 and 1.3.
+    assert goals["messages via serve: CPU per relayed event / chat's"]["met"] is True
+    assert goals["responses via serve: CPU per relayed event / chat's"]["met"] is False
+    assert goals["responses via serve: CPU per relayed event / chat's"]["measured"] == 1.25
 
     # A gateway that could not serve every stream: its survivors' figures are not judged.
     saturated = _synthetic_phases()
@@ -424,6 +459,8 @@ def test_report_has_a_section_per_phase_in_text_and_markdown():
     assert "ratio 1.70" in text
     assert "Long-lived streams: up to 5000 at once" in text
     assert "sidecar-reverse: failed: it crashed" in text
+    assert "Protocols: CPU per relayed event through serve, 200 streams" in text
+    assert "1.100 (1.050-1.150)" in text
     markdown = render_markdown(document)
     assert "**serve --workers 2 against one worker" in markdown
     assert "| serve | 5000 | 5000 |" in markdown
@@ -491,6 +528,61 @@ def test_paced_upstream_feeds_streams_the_client_checks_chunk_by_chunk(tmp_path)
                                "llama-3.3-70b", StreamShape(3, 1.0, 100))
         refused = hold_streams("127.0.0.1", port, wrong, StreamShape(3, 1.0, 100), None)
         assert refused["errors"] == 3 and "HTTP 401" in refused["problems"]
+    finally:
+        upstream.stop()
+
+
+def test_paced_upstream_speaks_messages_and_responses_as_the_providers_do(tmp_path):
+    """The protocols phase's upstream: Anthropic's event order and its usage split across
+    message_start and message_delta; Responses' events numbered from 0, the usage in
+    response.completed; the client counts each protocol's content events and end."""
+    def parsed(protocol: str) -> list[tuple[str, dict]]:
+        events = []
+        for chunk in stream_events(protocol, 3):
+            frame = chunk.split(b"\r\n", 1)[1][:-2].decode()
+            kind, data = frame.split("\n")[:2]
+            events.append((kind.removeprefix("event: "), json.loads(data.removeprefix("data: "))))
+        return events
+
+    messages = parsed("messages")
+    assert [kind for kind, _ in messages] == [
+        "message_start", "content_block_start", "ping", "content_block_delta",
+        "content_block_delta", "content_block_delta", "content_block_stop", "message_delta",
+        "message_stop"]
+    assert all(payload["type"] == kind for kind, payload in messages)
+    assert messages[0][1]["message"]["usage"]["output_tokens"] == 1
+    assert messages[7][1]["usage"]["output_tokens"] == 24
+    responses = parsed("responses")
+    assert [kind for kind, _ in responses] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added", *["response.output_text.delta"] * 3,
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.completed"]
+    assert [payload["sequence_number"] for _, payload in responses] == list(range(11))
+    completed = responses[-1][1]["response"]
+    assert completed["status"] == "completed" and completed["usage"]["output_tokens"] == 24
+    assert completed["output"][0]["content"][0]["text"] == responses[7][1]["text"]
+
+    port = free_port()
+    upstream = start_process("paced", [sys.executable, "-m", "bench.paced_upstream",
+                                       "--listen", f"127.0.0.1:{port}"],
+                             {**__import__("os").environ, "PYTHONPATH": str(REPO)}, tmp_path,
+                             None)
+    try:
+        shape = StreamShape(10, 1.0, 50, stepped=False)
+        for protocol in ("messages", "responses"):
+            payload = protocol_payload(protocol, "127.0.0.1", port, "sk-fake-upstream",
+                                       "claude-sonnet-4-5", shape)
+            for _ in range(50):  # until the upstream listens
+                figures = hold_streams("127.0.0.1", port, payload, shape, upstream.pid,
+                                       markers=MARKERS[protocol])
+                if figures["ok"] or "HTTP" in str(figures["problems"]):
+                    break
+                time.sleep(0.1)
+            assert figures["ok"] == 10 and figures["errors"] == 0, figures
+            assert figures["content_events"] == 10 * shape.chunks
+            framing = {"messages": 6, "responses": 8}[protocol]
+            assert figures["frames"] == 10 * (shape.chunks + framing)
     finally:
         upstream.stop()
 
