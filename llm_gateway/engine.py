@@ -58,11 +58,12 @@ from llm_gateway.protocols import (
     RESOURCE,
     Endpoint,
     OpenAICompatible,
+    crossing,
     matches,
     operation_of,
     protocol_at,
 )
-from llm_gateway.providers import UnsupportedParameter, profile_named
+from llm_gateway.providers import profile_named
 from llm_gateway.readiness import Readiness, probe
 from llm_gateway.relay import Relay, failed_requests_bucket, failure_response
 from llm_gateway.request_body import parse_request_body
@@ -415,17 +416,18 @@ class Gateway:
         if isinstance(plan, Rejection):
             return plan
         stream = payload.get("stream") is True
-        takers, refusal = [], ""
+        takers, refused = [], ""
         for target in plan.targets:
-            try:
-                protocol.upstream_payload(profile_named(plan.provider(target).profile), payload,
-                                          stream=stream)
-            except UnsupportedParameter as exc:
-                refusal = str(exc)
-            else:
+            provider = plan.provider(target)
+            problem = crossing.refusal(protocol, provider.wire_for(protocol.wire),
+                                       profile_named(provider.profile), payload,
+                                       target.model, stream=stream)
+            if problem is None:
                 takers.append(target)
+            else:
+                refused = problem
         if not takers:
-            return errors.unsupported_parameter(refusal)
+            return errors.unsupported_parameter(refused)
         return plan if len(takers) == len(plan.targets) else Plan(plan.table, plan.route,
                                                                   tuple(takers))
 

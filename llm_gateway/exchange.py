@@ -26,6 +26,7 @@ from llm_gateway.keys import KeyRecord
 from llm_gateway.limits import LimitDecision
 from llm_gateway.observe import ResponseFacts, StreamObserver
 from llm_gateway.protocols import Endpoint
+from llm_gateway.protocols.crossing import Crossing
 from llm_gateway.providers import Profile, profile_named
 from llm_gateway.routing.router import Plan
 from llm_gateway.routing.table import ProviderConfig, Target
@@ -98,6 +99,8 @@ class Exchange:
         self.quota = quota or QuotaDecision()
         self._payload_changed = False
         self.protocol = endpoint.protocol
+        # How the request reaches the current target: as it came, or translated.
+        self.crossing = Crossing(self.protocol)
         if payload is not None and self.quota.max_tokens is not None:
             # The budget's cap, in the field the caller used.
             self.payload = self.protocol.with_output_cap(payload, self.quota.max_tokens)
@@ -165,17 +168,25 @@ class Exchange:
         self.target = target
         self.provider = self.plan.provider(target)
         self.profile = profile_named(self.provider.profile)
+        wire = self.provider.wire_for(self.protocol.wire)
+        if wire != self.crossing.wire.wire and self.payload is not None:
+            # Another protocol than the last attempt's (or the caller's): raises
+            # Untranslatable for what no target of it takes (admission checked the plan).
+            self.crossing = Crossing(self.protocol, wire, self.payload, now=self.started_wall)
         return self.provider
 
     def upstream_url(self) -> str:
-        assert self.provider is not None
+        assert self.provider is not None and self.target is not None
+        if self.crossing.translation is not None:
+            return self.provider.url(*self.crossing.path(self.target.model, self.stream))
         return self.provider.url(self.request.path.rstrip("/") or "/", self.request.query)
 
     def upstream_headers(self) -> Headers:
         assert self.provider is not None
         owned = self.provider.owned_headers
+        foreign = self.crossing.dropped_headers({k for k, _ in self.request.headers})
         headers = [(k, v) for k, v in self.request.headers
-                   if k not in _DROP_REQUEST_HEADERS and k not in owned
+                   if k not in _DROP_REQUEST_HEADERS and k not in owned and k not in foreign
                    and not k.startswith(GATEWAY_HEADER_PREFIX)]
         headers.extend(self.provider.headers)
         for name, value in self.profile.default_headers:  # what the caller left out
@@ -194,6 +205,9 @@ class Exchange:
         payload = self.payload
         if payload is None:
             return self.request.body
+        if self.crossing.translation is not None:
+            return jsonio.dumps(self.crossing.payload(self.profile, self.target.model,
+                                                      stream=self.stream))
         prepared = self.protocol.upstream_payload(self.profile, payload, stream=self.stream)
         if self.target.model != payload.get("model"):
             prepared = {**prepared, "model": self.target.model}
@@ -216,7 +230,9 @@ class Exchange:
                 lower = UPSTREAM_REQUEST_ID
             if lower == "content-type" and status == 200 and value.startswith("text/event-stream"):
                 self.is_sse = True
-                self.facts = self.protocol.stream_observer(self.profile)
+                self.facts = self.crossing.wire.stream_observer(self.profile)
+                if self.crossing.translation is not None:
+                    self.crossing.start_stream()
             client_headers.append((lower, self._scrub_text(value)))
         if status >= 400:
             self.error_code = "upstream_error"
@@ -238,7 +254,22 @@ class Exchange:
             headers.append(("x-llm-gateway-upstream",
                             header_value(f"{target.provider}/{target.model}")))
         headers.append(("x-llm-gateway-attempts", str(self.attempts)))
+        if dropped := self.crossing.dropped:
+            # What the target's protocol could not take and only tuned behaviour (a name
+            # may hold a caller's string: a tool's type).
+            headers.append(("x-llm-gateway-dropped", header_value(", ".join(dropped))))
         return headers
+
+    def client_status(self, status: int) -> int:
+        """The status the caller gets for the target's (a translated 529 is a 503)."""
+        return self.crossing.client_status(status)
+
+    def stream_error(self, code: str, message: str) -> bytes:
+        """The end of a stream that failed after its status was sent, in the caller's
+        protocol."""
+        if self.crossing.stream is not None:
+            return self.crossing.stream_error(code, message)
+        return self.protocol.stream_error(code, message, self.facts)
 
     def on_frame(self, frame: bytes) -> bytes | None:
         """Observe one whole SSE frame; returns what the client gets of it: None for an
@@ -250,6 +281,11 @@ class Exchange:
             payloads = observer.feed(frame, now)
             if now >= self._progress_due:
                 self._report_progress(observer, now)
+            if (stream := self.crossing.stream) is not None:
+                out = b"".join([stream.feed(payload) for payload in payloads])
+                if observer.done:
+                    out += stream.end()
+                return self._scrub(out) if out else None
             for payload in payloads:
                 if not self.protocol.relays(payload, self.client_wants_usage):
                     return None
@@ -306,9 +342,18 @@ class Exchange:
         request's 0.5 ms at concurrency 1)."""
         body = self._scrub(body)
         if self.status is not None and self.status >= 400:
-            answer = self.protocol.upstream_error(self.profile, body, self.status)
-            self.error_message = _message_of(answer)
+            if self.crossing.translation is not None:
+                answer = self.crossing.error(self.profile, body, self.status,
+                                             self.protocol.error_shape_for(self.request))
+                self.error_message = _message_of(self.profile.error_body(body, self.status))
+            else:
+                answer = self.protocol.upstream_error(self.profile, body, self.status)
+                self.error_message = _message_of(answer)
             return answer
+        if self.crossing.translation is not None and (
+                translated := self.crossing.reply(body)) is not None:
+            self._unread_body = body  # metered as the target said it
+            return translated
         rewritten = self.protocol.client_body(self.request, body, self.plan.table.models,
                                               self.key.allows_model)
         if rewritten is not None:
@@ -320,7 +365,7 @@ class Exchange:
         """The facts of the whole body the client got, read now if not yet."""
         body, self._unread_body = self._unread_body, None
         if body is not None and (payload := jsonio.object_of(body)) is not None:
-            self.facts = self.protocol.response_facts(self.profile)
+            self.facts = self.crossing.wire.response_facts(self.profile)
             self.facts.observe(payload)
         return self.facts
 

@@ -138,7 +138,7 @@ async def guarded_stream(exchange: Exchange, response: GatewayResponse,
         log.exception("the engine failed during the stream of request %s", exchange.request_id)
         exchange.fail(500, "gateway_error", ENGINE_FAILED)
         exchange.ending = True
-        yield exchange.protocol.stream_error("gateway_error", ENGINE_FAILED, exchange.facts)
+        yield exchange.stream_error("gateway_error", ENGINE_FAILED)
     else:
         response.ended = True
     finally:

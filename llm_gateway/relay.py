@@ -74,9 +74,9 @@ class Relay:
         headers = exchange.on_response_start(response.status, response.headers)
         if response.status == 429:
             headers = _with_retry_after(headers, response)
+        status = exchange.client_status(response.status)
         if exchange.is_sse:
-            return GatewayResponse(response.status, headers,
-                                   chunks=self._stream(exchange, response, leave))
+            return GatewayResponse(status, headers, chunks=self._stream(exchange, response, leave))
         try:
             raw = await response.read(self.response_limit_bytes)
         except UpstreamFailure as failure:
@@ -86,7 +86,7 @@ class Relay:
         body = exchange.complete_body(raw)
         exchange.response_bytes = len(body)
         await self._count_tokens_used(exchange)
-        return GatewayResponse(response.status, headers, body)
+        return GatewayResponse(status, headers, body)
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -278,8 +278,7 @@ class Relay:
                 if exchange.past_spend_ceiling():
                     exchange.fail(200, "insufficient_quota", _BUDGET_SPENT)
                     exchange.ending = True
-                    yield exchange.protocol.stream_error("insufficient_quota", _BUDGET_SPENT,
-                                                        exchange.facts)
+                    yield exchange.stream_error("insufficient_quota", _BUDGET_SPENT)
                     return
             if (rest := frames.remainder()) and (out := exchange.on_frame(rest)) is not None:
                 yield out
@@ -289,12 +288,11 @@ class Relay:
             self.router.record(exchange.target, _FAILURE_OUTCOMES[failure.kind])
             exchange.fail(failure.status, failure.code, str(failure))
             exchange.ending = True
-            yield exchange.protocol.stream_error(failure.code, _STREAM_BROKE_OFF, exchange.facts)
+            yield exchange.stream_error(failure.code, _STREAM_BROKE_OFF)
         except FrameTooLarge as exc:
             exchange.fail(502, "upstream_response_too_large", str(exc))
             exchange.ending = True
-            yield exchange.protocol.stream_error("upstream_response_too_large", str(exc),
-                                                exchange.facts)
+            yield exchange.stream_error("upstream_response_too_large", str(exc))
         finally:
             response.close()
             leave()

@@ -73,9 +73,11 @@ class StoredResponses:
         return Plan(table, ModelRoute(binding.model, (target,)), (target,))
 
     def keeps(self, exchange: Exchange) -> bool:
-        """Whether ``exchange``'s answer is a response the provider keeps."""
+        """Whether ``exchange``'s answer is a response the provider keeps (a translated
+        one is not: its target keeps no Responses)."""
         return (exchange.endpoint.operation.name in _CREATING
-                and bool(exchange.payload) and exchange.payload.get("store") is not False)
+                and bool(exchange.payload) and exchange.payload.get("store") is not False
+                and exchange.crossing.translation is None)
 
     async def remember(self, exchange: Exchange) -> None:
         """Bind the response ``exchange`` created to its caller (once its id is known)."""

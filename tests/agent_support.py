@@ -123,11 +123,13 @@ def gpt_fake() -> Iterator[tuple[FakeUpstream, str]]:
 @contextlib.contextmanager
 def agent_surface(name: str, directory: Path, claude: tuple[FakeUpstream, str],
                   gpt: tuple[FakeUpstream, str], monkeypatch: pytest.MonkeyPatch,
+                  routes: dict[str, Any] | None = None,
                   **overrides: Any) -> Iterator[AgentSurface]:
+    """``routes``: other routes than the two fakes' aliases (agent_routes)."""
     monkeypatch.setenv("AGENT_TEST_KEY", PROVIDER_KEY)
     claude[0].reset()
     gpt[0].reset()
-    routes = agent_routes(claude[1], gpt[1])
+    routes = routes or agent_routes(claude[1], gpt[1])
     overrides.setdefault("redis_url", None)
     overrides.setdefault("database_url", f"sqlite:///{directory / 'gateway.db'}")
     with surface(name, directory / name, gpt[1], directory / "ca", routes=routes,

@@ -131,10 +131,17 @@ def test_gateway_errors_are_anthropic_shaped_and_raise_the_sdks_classes(
         on.anthropic(limited).messages.create(model="claude", max_tokens=10,
                                               messages=HELLO)  # type: ignore[arg-type]
     assert denied.value.body["type"] == "error"  # type: ignore[index]
+    # A document block, which the gpt alias's chat target cannot read: refused before any
+    # call (translation carries what both sides can say; this would change the meaning).
+    document = [{"role": "user", "content": [
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain",
+                                        "data": "a contract"}},
+        {"type": "text", "text": "Summarise it"}]}]
     with pytest.raises(anthropic.BadRequestError) as refused:
         on.anthropic(on.key()).messages.create(model="gpt", max_tokens=10,
-                                               messages=HELLO)  # type: ignore[arg-type]
-    assert "messages protocol" in str(refused.value)
+                                               messages=document)  # type: ignore[arg-type]
+    assert "document" in str(refused.value)
+    assert on.gpt.requests == []
 
 
 def test_a_response_is_answered_and_recorded(on: AgentSurface) -> None:
@@ -165,8 +172,9 @@ def test_a_response_stream_ends_complete(on: AgentSurface) -> None:
 def test_responses_errors_raise_openais_classes(on: AgentSurface) -> None:
     with pytest.raises(openai.AuthenticationError):
         on.openai("llmg_not_a_real_key").responses.create(model="gpt", input="hi")
+    # Embeddings of an alias whose only target speaks Messages: no translation makes them.
     with pytest.raises(openai.BadRequestError) as refused:
-        on.openai(on.key()).responses.create(model="claude", input="hi")
+        on.openai(on.key()).embeddings.create(model="claude", input="hi")
     assert refused.value.code == "unsupported_protocol"
 
 

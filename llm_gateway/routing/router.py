@@ -77,8 +77,9 @@ class Router:
         if route is None:
             return errors.model_not_found(model)
         if protocol is not None:
+            # Its own protocol, or one the request is translated to (translate/).
             speaking = tuple(target for target in route.targets
-                             if table.providers[target.provider].speaks(protocol))
+                             if table.providers[target.provider].wire_for(protocol))
             if not speaking:
                 return errors.unsupported_protocol(protocol, model)
             if len(speaking) < len(route.targets):

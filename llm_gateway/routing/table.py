@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from llm_gateway.config import Secret
 from llm_gateway.providers import PROFILES
+from llm_gateway.translate import target_protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +73,13 @@ class ProviderConfig:
     def speaks(self, protocol: str | None) -> bool:
         """Whether it takes requests of ``protocol`` (None: any, a model list say)."""
         return protocol is None or protocol in self.protocols
+
+    def wire_for(self, protocol: str | None) -> str | None:
+        """The protocol a request of ``protocol`` is sent to it in: its own when this
+        provider speaks it, else one it is translated to (None: neither)."""
+        if protocol is None or protocol in self.protocols:
+            return protocol
+        return target_protocol(protocol, self.protocols)
 
     def url(self, path: str, query: str = "") -> str:
         return f"{self.base_url}{path}" + (f"?{query}" if query else "")
