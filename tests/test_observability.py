@@ -90,13 +90,15 @@ COMPOSE_SCHEMA = REPO / "tests" / "schemas" / "compose-spec.json"
 # from a bounded set. The dashboard and the rules may use these and nothing else.
 CONTRACT: dict[str, tuple[str, tuple[str, ...]]] = {
     "llm_gateway_requests_total": (
-        "counter", ("key", "subject", "model", "provider", "status", "code")),
-    "llm_gateway_rejections_total": ("counter", ("key", "status", "code")),
-    "llm_gateway_request_duration_seconds": ("histogram", ("model", "provider")),
-    "llm_gateway_time_to_first_chunk_seconds": ("histogram", ("model", "provider")),
-    "llm_gateway_time_per_output_token_seconds": ("histogram", ("model", "provider")),
-    "llm_gateway_tokens_total": ("counter", ("key", "subject", "model", "provider", "type")),
-    "llm_gateway_cost_usd_total": ("counter", ("key", "subject", "model", "provider")),
+        "counter", ("key", "subject", "model", "provider", "protocol", "status", "code")),
+    "llm_gateway_rejections_total": ("counter", ("key", "protocol", "status", "code")),
+    "llm_gateway_request_duration_seconds": ("histogram", ("model", "provider", "protocol")),
+    "llm_gateway_time_to_first_chunk_seconds": ("histogram", ("model", "provider", "protocol")),
+    "llm_gateway_time_per_output_token_seconds": (
+        "histogram", ("model", "provider", "protocol")),
+    "llm_gateway_tokens_total": (
+        "counter", ("key", "subject", "model", "provider", "protocol", "type")),
+    "llm_gateway_cost_usd_total": ("counter", ("key", "subject", "model", "provider", "protocol")),
     "llm_gateway_upstream_failures_total": ("counter", ("provider", "kind")),
     "llm_gateway_upstream_in_flight": ("gauge", ("provider",)),
     "llm_gateway_upstream_max_concurrency": ("gauge", ("provider",)),
@@ -352,7 +354,8 @@ def test_grafana_provisioning_matches_the_compose_stack() -> None:
 # --- a real Prometheus, scraping every metric family of the contract -----------------------
 
 _KEYS = (("llmg_aaaaaaa", "team-a"), ("llmg_bbbbbbb", "team-b"))
-_TARGETS = (("llama-3.3-70b", "venice"), ("gpt-4o", "openai"))
+_TARGETS = (("llama-3.3-70b", "venice", "chat"), ("gpt-4o", "openai", "responses"),
+            ("claude", "anthropic", "messages"))
 
 
 class ContractMetrics:
@@ -382,36 +385,38 @@ class ContractMetrics:
     def advance(self) -> None:
         pick = self.random.randint
         for key, subject in _KEYS:
-            for model, provider in _TARGETS:
+            for model, provider, protocol in _TARGETS:
                 for status, code, count in (("200", "", pick(5, 20)),
                                             ("502", "upstream_unreachable", pick(0, 2)),
                                             ("200", "upstream_stream_interrupted", pick(0, 1))):
                     self._metric("llm_gateway_requests_total", key, subject, model, provider,
-                                 status, code).inc(count)
-                for kind in ("input", "output"):
+                                 protocol, status, code).inc(count)
+                for kind in ("input", "output", "cache_read", "cache_write", "reasoning"):
                     self._metric("llm_gateway_tokens_total", key, subject, model, provider,
-                                 kind).inc(pick(100, 900))
-                self._metric("llm_gateway_cost_usd_total", key, subject, model, provider).inc(
-                    self.random.random() / 100)
-        for model, provider in _TARGETS:
+                                 protocol, kind).inc(pick(100, 900))
+                self._metric("llm_gateway_cost_usd_total", key, subject, model, provider,
+                             protocol).inc(self.random.random() / 100)
+        for model, provider, protocol in _TARGETS:
             for _ in range(10):
-                self._metric("llm_gateway_request_duration_seconds", model, provider).observe(
-                    self.random.uniform(0.05, 8))
-                self._metric("llm_gateway_time_to_first_chunk_seconds", model, provider
-                             ).observe(self.random.uniform(0.005, 1.5))
-                self._metric("llm_gateway_time_per_output_token_seconds", model, provider
-                             ).observe(self.random.uniform(0.01, 0.2))
+                self._metric("llm_gateway_request_duration_seconds", model, provider,
+                             protocol).observe(self.random.uniform(0.05, 8))
+                self._metric("llm_gateway_time_to_first_chunk_seconds", model, provider,
+                             protocol).observe(self.random.uniform(0.005, 1.5))
+                self._metric("llm_gateway_time_per_output_token_seconds", model, provider,
+                             protocol).observe(self.random.uniform(0.01, 0.2))
         for key, status, code in (("none", "401", "invalid_api_key"),
                                   (_KEYS[0][0], "429", "rate_limit_exceeded"),
                                   (_KEYS[1][0], "503", "no_available_upstream")):
-            self._metric("llm_gateway_rejections_total", key, status, code).inc(pick(1, 3))
+            self._metric("llm_gateway_rejections_total", key, "chat", status, code).inc(
+                pick(1, 3))
         for kind in ("connect", "timeout", "5xx", "429"):
             self._metric("llm_gateway_upstream_failures_total", "venice", kind).inc(pick(0, 2))
         self._metric("llm_gateway_upstream_in_flight", "venice").set(pick(0, 20))
         self._metric("llm_gateway_upstream_in_flight", "openai").set(pick(0, 5))
         self._metric("llm_gateway_upstream_max_concurrency", "venice").set(20)
         self._metric("llm_gateway_upstream_max_concurrency", "openai").set(0)  # unlimited
-        for (model, provider), state in zip(_TARGETS, ("healthy", "degraded"), strict=True):
+        for (model, provider, _), state in zip(_TARGETS, ("healthy", "degraded", "healthy"),
+                                               strict=True):
             for each in ("healthy", "degraded", "down"):
                 self._metric("llm_gateway_target_state", provider, model, each).set(
                     int(each == state))

@@ -66,9 +66,9 @@ def test_chat_span_has_genai_attributes_and_no_keys(traced, fake: FakeUpstream) 
     assert "secret prompt" not in everything  # prompts only with CAPTURE_GENAI_CONTENT
     prefix = key[:12]
     assert (f'llm_gateway_requests_total{{code="",key="{prefix}",model="llama-3.3-70b",'
-            f'provider="venice",status="200",subject="test"}} 2.0') in metrics
-    output_tokens = (f'key="{prefix}",model="llama-3.3-70b",provider="venice",subject="test",'
-                     'type="output"')
+            f'protocol="chat",provider="venice",status="200",subject="test"}} 2.0') in metrics
+    output_tokens = (f'key="{prefix}",model="llama-3.3-70b",protocol="chat",provider="venice",'
+                     'subject="test",type="output"')
     assert f"llm_gateway_tokens_total{{{output_tokens}}}" in metrics
 
 
@@ -87,8 +87,8 @@ def test_rejections_and_errors_are_counted(traced, fake: FakeUpstream) -> None:
     with serve_in_thread(create_app(settings, gateway=gateway)) as url:
         assert httpx.post(url + "/v1/chat/completions", json=CHAT).status_code == 401
         metrics = httpx.get(url + "/metrics").text
-    assert ('llm_gateway_rejections_total{code="invalid_api_key",key="none",status="401"} 1.0'
-            in metrics)
+    assert ('llm_gateway_rejections_total{code="invalid_api_key",key="none",protocol="chat",'
+            'status="401"} 1.0' in metrics)
     [server] = exporter.get_finished_spans()  # a refusal has its server span, no client span
     assert server.kind is SpanKind.SERVER
     assert (server.attributes or {})["error.type"] == "invalid_api_key"

@@ -1,6 +1,7 @@
-"""One JSON line per request on stderr (``ACCESS_LOG=json``): the usage record's fields
-(for a rejection: what is known of it, its client protocol included), nothing more — no prompt, no key. The provider's
-own reported cost is part of the line (``provider_cost_usd``/``provider_cost_diem``).
+"""One JSON line per request on stderr (``ACCESS_LOG=json``): the usage record's fields, its
+client ``protocol`` among them (for a rejection: what is known of it, the protocol whose
+errors it was answered in included), nothing more — no prompt, no key. The provider's own
+reported cost is part of the line (``provider_cost_usd``/``provider_cost_diem``).
 
 A sampled share of requests (``AUDIT_SAMPLE_RATE``), and every failed one with
 ``AUDIT_ERRORS=true``, add a ``capture``: the SHA-256 of the request body and the length
