@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from llm_gateway.providers.anthropic import AnthropicProfile
 from llm_gateway.providers.base import PROTOCOLS, Profile, Usage
+from llm_gateway.providers.gemini import GeminiProfile
 from llm_gateway.providers.generic import GenericProfile
 from llm_gateway.providers.openai import OpenAIProfile, UnsupportedParameter
 from llm_gateway.providers.venice import VeniceProfile
 
 PROFILES: dict[str, Profile] = {
     profile.name: profile for profile in (OpenAIProfile(), VeniceProfile(), GenericProfile(),
-                                          AnthropicProfile())
+                                          AnthropicProfile(), GeminiProfile())
 }
 
 
@@ -28,6 +29,7 @@ def profile_named(name: str) -> Profile:
 
 
 __all__ = [
-    "PROFILES", "PROTOCOLS", "AnthropicProfile", "GenericProfile", "OpenAIProfile", "Profile",
+    "PROFILES", "PROTOCOLS", "AnthropicProfile", "GeminiProfile", "GenericProfile", "OpenAIProfile",
+    "Profile",
     "UnsupportedParameter", "Usage", "VeniceProfile", "profile_named",
 ]

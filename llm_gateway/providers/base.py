@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 # The wire protocols a provider may speak natively (a provider's ``protocols:``).
-PROTOCOLS = frozenset({"chat", "embeddings", "messages", "responses"})
+PROTOCOLS = frozenset({"chat", "embeddings", "gemini", "messages", "responses"})
 
 
 @dataclass(slots=True)
