@@ -6,6 +6,7 @@ import hmac
 import re
 import secrets
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
 
 from llm_gateway.asgi_types import Message, Receive, Scope, Send, answer_lifespan
@@ -13,10 +14,11 @@ from llm_gateway.testing import (
     fake_anthropic,
     fake_anthropic_request,
     fake_endpoints,
+    fake_gemini,
     fake_responses,
 )
 from llm_gateway.testing.fake_content import DEFAULT_FAKE_API_KEY, billing_payload, fake_id
-from llm_gateway.testing.fake_errors import error_payload
+from llm_gateway.testing.fake_errors import error_payload, gemini_error
 from llm_gateway.testing.fake_exchange import (
     ClientPresence,
     Exchange,
@@ -30,10 +32,14 @@ from llm_gateway.testing.fake_exchange import (
 from llm_gateway.testing.fake_faults import Fault, FaultQueue, hide_deliberate_cut_tracebacks
 from llm_gateway.testing.fake_responses_store import ResponseStore
 
-USAGE_MODES = ("venice", "openai", "anthropic")
+USAGE_MODES = ("venice", "openai", "anthropic", "gemini")
 # Where each imitated API lives: https://api.venice.ai/api/v1, https://api.openai.com/v1 (the
 # fake's openai mode has always defaulted to Venice's prefix) and https://api.anthropic.com/v1.
-_DEFAULT_PREFIXES = {"venice": "/api/v1", "openai": "/api/v1", "anthropic": "/v1"}
+_DEFAULT_PREFIXES = {"venice": "/api/v1", "openai": "/api/v1", "anthropic": "/v1",
+                     "gemini": "/v1beta"}
+# Gemini's methods on a model (``/models/{model}:{method}``), all POST.
+_GEMINI_METHODS = {"countTokens": fake_gemini.count, "embedContent": fake_gemini.embed,
+                   "batchEmbedContents": fake_gemini.batch_embed}
 
 # One endpoint's answer to one exchange (its fault applied), by method.
 Handler = Callable[[Exchange, Fault | None], Awaitable[None]]
@@ -160,7 +166,7 @@ class FakeUpstream:
             )
             self.requests.append(recorded)
             send = _recording(send, recorded.sent)
-        api_key = await self._admitted(send, path, headers, body, request_id)
+        api_key = await self._admitted(send, path, headers, body, request_id, query)
         if api_key is None:
             return
         fault = self._faults.take(path) if self._faults else None
@@ -183,7 +189,7 @@ class FakeUpstream:
             exchange.presence.stop()
 
     async def _admitted(self, send: Send, path: str, headers: dict[str, str], body: bytes,
-                        request_id: str) -> str | None:
+                        request_id: str, query: str = "") -> str | None:
         """The key a request under the prefix authenticated with, or None after the provider's
         refusal: 404 outside the prefix, 413 for a body over the limit, 401, and in anthropic
         mode 400 for a missing or unknown ``anthropic-version``."""
@@ -198,9 +204,9 @@ class FakeUpstream:
                                     request_id=request_id)
             await send_json(send, 413, payload)
             return None
-        api_key = self._authenticated(headers)
+        api_key = self._authenticated(headers, query)
         if api_key is None:
-            await self._send_unauthorized(send, headers, request_id)
+            await self._send_unauthorized(send, headers, request_id, query)
             return None
         if self.usage_mode == "anthropic" \
                 and (problem := fake_anthropic_request.version_problem(headers)) is not None:
@@ -221,7 +227,11 @@ class FakeUpstream:
                 return
         await self._route(exchange, endpoint, fault)
 
-    def _presented_key(self, headers: dict[str, str]) -> str | None:
+    def _presented_key(self, headers: dict[str, str], query: str = "") -> str | None:
+        if self.usage_mode == "gemini":
+            # Google takes the key in x-goog-api-key or as ?key= (its SDKs send the header).
+            keys = urllib.parse.parse_qs(query).get("key")
+            return headers.get("x-goog-api-key") or (keys[0] if keys else None)
         header = self.auth_header
         if self.usage_mode == "anthropic":
             header = "x-api-key" if "x-api-key" in headers else "authorization"
@@ -235,9 +245,9 @@ class FakeUpstream:
                 return None
         return presented
 
-    def _authenticated(self, headers: dict[str, str]) -> str | None:
+    def _authenticated(self, headers: dict[str, str], query: str = "") -> str | None:
         """The key the request authenticated with, or None."""
-        presented = self._presented_key(headers)
+        presented = self._presented_key(headers, query)
         if presented is None:
             return None
         # Constant time, as a real provider compares secrets, and against every key (no early
@@ -255,7 +265,10 @@ class FakeUpstream:
             await send({"type": "websocket.close", "code": 1008})
 
     async def _send_unauthorized(self, send: Send, headers: dict[str, str],
-                                 request_id: str) -> None:
+                                 request_id: str, query: str = "") -> None:
+        if self.usage_mode == "gemini":
+            await _send_gemini_unauthorized(send, headers, self._presented_key(headers, query))
+            return
         if self.usage_mode == "anthropic":
             # Anthropic's words for a missing key and for a wrong one.
             message = ("x-api-key header is required"
@@ -296,6 +309,8 @@ class FakeUpstream:
             if model_id is not None:
                 return {"GET": _with_id(fake_anthropic.get_model, model_id)}
             return None
+        if self.usage_mode == "gemini":
+            return _gemini_handlers(endpoint, stream)
         if endpoint == "/chat/completions":
             return {"POST": functools.partial(fake_endpoints.chat_completions, **stream)}
         if endpoint == "/embeddings":
@@ -327,6 +342,43 @@ class FakeUpstream:
                 if response_id is not None:
                     return {method: _with_store(handler, store, response_id)}
         return None
+
+
+def _gemini_handlers(endpoint: str, stream: dict[str, object]) -> dict[str, Handler] | None:
+    """Gemini's: the model list, a model, and a model's methods (``/models/{model}:{method}``)."""
+    if endpoint == "/models":
+        return {"GET": fake_gemini.list_models}
+    named = _path_id(endpoint, "/models/")
+    if named is None:
+        return None
+    model, colon, method = named.rpartition(":")
+    if not colon:
+        return {"GET": _with_id(fake_gemini.get_model, named)}
+    if method in ("generateContent", "streamGenerateContent"):
+        generate = functools.partial(fake_gemini.generate, stream=method != "generateContent",
+                                     **stream)
+        return {"POST": _with_id(generate, model)}
+    handler = _GEMINI_METHODS.get(method)
+    return {"POST": _with_id(handler, model)} if handler is not None else None
+
+
+async def _send_gemini_unauthorized(send: Send, headers: dict[str, str],
+                                    presented: str | None) -> None:
+    """As Google answers: a wrong key is a 400 (API_KEY_INVALID), none a 403; a bearer
+    token (OAuth, which the fake cannot check) a 401."""
+    if presented is not None:
+        payload = gemini_error(400, "API key not valid. Please pass a valid API key.",
+                               "API_KEY_INVALID")
+    elif headers.get("authorization", "").lower().startswith("bearer "):
+        payload = gemini_error(401, "Request had invalid authentication credentials. "
+                               "Expected OAuth 2 access token, login cookie or other valid "
+                               "authentication credential.")
+    else:
+        payload = gemini_error(403, "Method doesn't allow unregistered callers (callers "
+                               "without established identity). Please use API Key or other "
+                               "form of API consumer identity to call this API.")
+    status = payload["error"]["code"]  # type: ignore[index]
+    await send_json(send, status, payload)
 
 
 def _path_id(endpoint: str, collection: str) -> str | None:

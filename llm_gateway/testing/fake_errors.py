@@ -7,7 +7,7 @@ request id being the one its ``request-id`` header carries; its error types foll
 403 permission_error, 404 not_found_error, 413 request_too_large, 429 rate_limit_error,
 500 api_error, 529 overloaded_error)."""
 
-ERROR_SHAPES = ("venice", "openai", "anthropic")
+ERROR_SHAPES = ("venice", "openai", "anthropic", "gemini")
 
 _ANTHROPIC_ERROR_TYPES = {
     400: "invalid_request_error",
@@ -38,6 +38,26 @@ from llm_gateway.providers.venice import VENICE_CHAT_FIELDS  # noqa: E402
 CHAT_FIELDS_BY_MODE = {"venice": VENICE_CHAT_FIELDS, "openai": OPENAI_CHAT_FIELDS}
 
 
+# Google's status name (google.rpc.Code) for an HTTP status, as Gemini's errors carry it.
+_GEMINI_STATUSES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
+                    404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 409: "ABORTED",
+                    413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED",
+                    500: "INTERNAL", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+
+
+def gemini_error(status: int, message: str, reason: str | None = None) -> dict[str, object]:
+    """Gemini's ``{"error": {code, message, status}}``, with an ErrorInfo detail naming
+    ``reason`` (API_KEY_INVALID) when there is one, as Google adds it."""
+    error: dict[str, object] = {
+        "code": status, "message": message,
+        "status": _GEMINI_STATUSES.get(status, "INTERNAL" if status >= 500 else "UNKNOWN")}
+    if reason is not None:
+        error["details"] = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                             "reason": reason, "domain": "googleapis.com",
+                             "metadata": {"service": "generativelanguage.googleapis.com"}}]
+    return {"error": error}
+
+
 def anthropic_error_type(status: int) -> str:
     return _ANTHROPIC_ERROR_TYPES.get(
         status, "api_error" if status >= 500 else "invalid_request_error")
@@ -58,6 +78,8 @@ def error_payload(
     if shape == "anthropic":
         error = {"type": anthropic_error_type(status), "message": message}
         return {"type": "error", "error": error, "request_id": request_id}
+    if shape == "gemini":
+        return gemini_error(status, message)
     return {"error": message}
 
 
@@ -67,7 +89,7 @@ def validation_error_payload(
     """A 400 body for a missing or mistyped field."""
     if shape == "openai":
         return error_payload(shape, 400, problem, param=param)
-    if shape == "anthropic":
+    if shape in ("anthropic", "gemini"):
         # Anthropic names the field's path first: "max_tokens: Field required".
         return error_payload(shape, 400, f"{param}: {problem}", request_id=request_id)
     # Venice answers validation failures with zod-style issues.

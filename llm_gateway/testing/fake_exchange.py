@@ -84,7 +84,7 @@ def fault_shape(fault: Fault, provider: str) -> str:
     """The shape a fault's error takes: its own, else the imitated provider's default."""
     if fault.shape is not None:
         return fault.shape
-    return "anthropic" if provider == "anthropic" else "venice"
+    return provider if provider in ("anthropic", "gemini") else "venice"
 
 
 async def send_fault_status(
@@ -228,6 +228,8 @@ class Exchange:
             if self.provider == "anthropic":  # Anthropic's error body, after a 200
                 error = {"type": "overloaded_error", "message": fault.inband_error}
                 payload = {"type": "error", "error": error, "request_id": self.request_id}
+            elif self.provider == "gemini":  # Gemini's error object, after a 200
+                payload = error_payload("gemini", 503, fault.inband_error)
             else:
                 payload = {"error": fault.inband_error}
             await send_json(self.send, 200, payload)
