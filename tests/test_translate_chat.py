@@ -599,7 +599,7 @@ replies = st.builds(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reply=replies, split=st.integers(1, 7))
 def test_the_sdk_reads_the_stream_as_the_json_answer(reply: Reply, split: int) -> None:
     request = Request(model="caller-alias", stream=True, stream_usage=True, now=1)
@@ -778,7 +778,7 @@ def conversations(draw: st.DrawFn) -> dict:
     return body
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(body=conversations())
 def test_a_chat_conversation_survives_the_form(body: dict) -> None:
     request = CODEC.read_request(copy.deepcopy(body))
