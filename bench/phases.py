@@ -12,7 +12,7 @@ starts what it needs, measures, stops it and returns a JSON-ready dict:
 - ``streams``: thousands of paced streams at once through direct, `serve`, the reverse sidecar
   and LiteLLM, against ``bench.paced_upstream`` (issue 15; ``bench.streams``).
 - ``protocols``: CPU per relayed content event through `serve` for chat completions, Anthropic
-  Messages and OpenAI Responses streams of the same shape, in alternating rounds, and each
+  Messages and OpenAI Responses streams of the same shape, every leg at once, and each
   one's ratio to chat's (the agents' traffic issue; ``bench.protocols``).
 - ``budget``: what holding a request to a budget (Redis limiter and ledger, prices) adds at
   concurrency 1: `serve` and serve-budget side by side, one request to each in turn, so drift
