@@ -542,8 +542,10 @@ def test_a_custom_tool_is_a_function_of_one_string() -> None:
         turns=[Turn("user", [Text("patch it")]),
                Turn("assistant", [ToolCall("c1", "apply_patch", "*** Begin Patch", "custom")]),
                Turn("tool", [ToolResult("c1", [Text("done")], kind="custom")])],
-        tools=[Tool("apply_patch", "Patch files", kind="custom")])
+        tools=[Tool("apply_patch", "Patch files", kind="custom",
+                    grammar={"type": "grammar", "syntax": "lark", "definition": "start: /.+/"})])
     body = CODEC.write_request(request, model="claude")
+    assert request.dropped == ["format"]
     assert body["tools"] == [{"name": "apply_patch", "description": "Patch files",
                               "input_schema": {"type": "object", "properties": {
                                   CUSTOM_INPUT: {"type": "string"}},
@@ -570,6 +572,18 @@ def test_thinking_anthropic_would_refuse_is_left_out(fields: dict, dropped: list
     request = conversation(turns=[Turn("user", [Text("hi")])], **fields)
     assert "thinking" not in CODEC.write_request(request, model="claude")
     assert request.dropped == dropped
+
+
+def test_no_thinking_in_a_tool_loop_another_target_answered() -> None:
+    loop = [Turn("user", [Text("run it")]),
+            Turn("assistant", [Thinking("unsigned"), ToolCall("c1", "run", "{}")]),
+            Turn("tool", [ToolResult("c1", [Text("ok")])])]
+    request = conversation(turns=loop, reasoning=Reasoning(effort="medium"))
+    assert "thinking" not in CODEC.write_request(request, model="c")
+    assert request.dropped == ["thinking", "reasoning"]
+    loop[1].parts[0] = Thinking("signed", signature="sig")
+    signed = conversation(turns=loop, reasoning=Reasoning(effort="medium"))
+    assert CODEC.write_request(signed, model="c")["thinking"]["type"] == "enabled"
 
 
 def test_a_budget_stays_below_max_tokens() -> None:

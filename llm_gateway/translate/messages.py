@@ -677,6 +677,16 @@ def _messages(request: Request) -> list[dict[str, Any]]:
     return messages
 
 
+def _unsigned_tool_loop(messages: list[dict[str, Any]]) -> bool:
+    """The conversation ends in tool results for an assistant message that does not start
+    with a thinking block."""
+    if len(messages) < 2 or messages[-1]["role"] != "user" \
+            or messages[-1]["content"][0]["type"] != "tool_result":
+        return False
+    first = messages[-2]["content"][0]["type"]
+    return first not in ("thinking", "redacted_thinking")
+
+
 def _tool_definition(tool: Tool) -> dict[str, Any]:
     if tool.kind == "custom":
         schema: dict[str, Any] = {"type": "object",
@@ -725,10 +735,19 @@ def write_request(request: Request, *, model: str) -> dict:
     body["messages"] = _messages(request)
     if request.tools:
         body["tools"] = [_tool_definition(tool) for tool in request.tools]
+        if any(tool.grammar is not None for tool in request.tools):
+            # Anthropic's tools take a JSON schema only; a grammar just narrows what the
+            # model may write into the one string argument.
+            _drop(request, "format")
         choice = _tool_choice_of(request)
         if choice is not None:
             body["tool_choice"] = choice
     thinking = _thinking(request, max_tokens)
+    if thinking is not None and _unsigned_tool_loop(body["messages"]):
+        # Anthropic refuses thinking in a tool loop whose assistant message does not start
+        # with its signed thinking (one another target answered): this turn goes without.
+        _drop(request, "reasoning")
+        thinking = None
     if thinking is not None:
         body["thinking"] = thinking
     _sampling(request, body, thinking=thinking is not None)
