@@ -796,3 +796,15 @@ def test_an_answer_streams_to_what_it_says_whole(parts: list[Part], stop: str,
     frames = written_stream(reply, request)
     streamed = fold(read_stream([data for _, data in sse_events(frames)]))
     assert streamed == CODEC.read_reply(CODEC.write_reply(reply, request))
+
+
+def test_empty_text_never_becomes_a_block() -> None:
+    request = conversation(system=[Text(""), Text("Be brief.")], turns=[
+        Turn("user", [Text(""), Text("hi")]),
+        Turn("assistant", [ToolCall("c1", "look", "{}")]),
+        Turn("tool", [ToolResult("c1", [Text(""), Image(url="https://x/y.png")])])])
+    body = CODEC.write_request(request, model="c")
+    assert body["system"] == "Be brief."
+    assert body["messages"][0]["content"] == [{"type": "text", "text": "hi"}]
+    assert body["messages"][2]["content"][0]["content"] == [
+        {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}]

@@ -609,15 +609,17 @@ def _image_block(image: Image) -> dict[str, Any]:
 
 
 def _content_blocks(parts: list[Text | Image]) -> list[dict[str, Any]]:
+    # Anthropic refuses an empty text block.
     return [{"type": "text", "text": part.text} if isinstance(part, Text)
-            else _image_block(part) for part in parts]
+            else _image_block(part) for part in parts
+            if not isinstance(part, Text) or part.text]
 
 
 def _result_block(result: ToolResult) -> dict[str, Any]:
     block: dict[str, Any] = {"type": "tool_result", "tool_use_id": result.call_id}
     if len(result.content) == 1 and isinstance(result.content[0], Text):
         block["content"] = result.content[0].text
-    elif result.content:
+    elif _content_blocks(result.content):
         block["content"] = _content_blocks(result.content)
     if result.is_error:
         block["is_error"] = True
@@ -728,10 +730,11 @@ def write_request(request: Request, *, model: str) -> dict:
     max_tokens = request.max_output_tokens if request.max_output_tokens is not None \
         else DEFAULT_MAX_TOKENS
     body: dict[str, Any] = {"model": model, "max_tokens": max_tokens}
-    if len(request.system) == 1:
-        body["system"] = request.system[0].text
-    elif request.system:
-        body["system"] = [{"type": "text", "text": text.text} for text in request.system]
+    system = [text.text for text in request.system if text.text]
+    if len(system) == 1:
+        body["system"] = system[0]
+    elif system:
+        body["system"] = [{"type": "text", "text": text} for text in system]
     body["messages"] = _messages(request)
     if request.tools:
         body["tools"] = [_tool_definition(tool) for tool in request.tools]
