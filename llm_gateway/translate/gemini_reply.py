@@ -25,6 +25,8 @@ types):
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 
 from llm_gateway.translate.form import (
@@ -280,6 +282,18 @@ def function_call_part(call: ToolCall) -> dict:
     return {"functionCall": written}
 
 
+def _decodable(signature: str | None) -> str | None:
+    """``signature`` if Gemini can take it: ``thoughtSignature`` is bytes, base64 in JSON, and
+    anything else is a 400 (a signature from another protocol need not be base64)."""
+    if not signature:
+        return None
+    try:
+        base64.b64decode(signature, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return signature
+
+
 def model_part(part: Part) -> dict | None:
     """One of the model's parts as Gemini writes it; None for what has no part of its own
     (a signature with no text rides on the next part)."""
@@ -289,7 +303,7 @@ def model_part(part: Part) -> dict | None:
         return function_call_part(part)
     if isinstance(part, Thinking) and part.text and not part.redacted:
         written: dict = {"text": part.text, "thought": True}
-        if part.signature:
+        if _decodable(part.signature):
             written["thoughtSignature"] = part.signature
         return written
     return None
@@ -301,7 +315,7 @@ def model_parts(parts: list[Part]) -> list[dict]:
     pending: str | None = None
     for part in parts:
         if isinstance(part, Thinking) and not part.text and not part.redacted:
-            pending = part.signature or pending
+            pending = _decodable(part.signature) or pending
             continue
         out = model_part(part)
         if out is None:
@@ -387,7 +401,7 @@ class GeminiStreamWriter:
             part = Refusal(event.text)
         elif isinstance(event, ThinkingDelta):
             if not event.text:
-                self._signature = event.signature or self._signature
+                self._signature = _decodable(event.signature) or self._signature
                 return b""
             part = Thinking(event.text, event.signature)
         else:
