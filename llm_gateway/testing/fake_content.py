@@ -124,7 +124,7 @@ class ChatReply:
             "usage": usage,
         }
 
-    def chunk(self, delta: dict[str, str], finish_reason: str | None,
+    def chunk(self, delta: dict[str, object], finish_reason: str | None,
               index: int = 0) -> dict[str, object]:
         choice = {"index": index, "delta": delta, "logprobs": None,
                   "finish_reason": finish_reason}

@@ -1,5 +1,6 @@
 """The OpenAI-style endpoints the fake upstream implements in venice and openai modes: chat
-completions (JSON or SSE, ending in ``[DONE]``), embeddings and the model catalogue, each
+completions (JSON or SSE, ending in ``[DONE]``; tool calls and reasoning as
+``fake_chat_reply`` plans them), embeddings and the model catalogue, each
 answering one authenticated :class:`Exchange`; and the ``x-fake-cached-tokens`` header, which
 the Responses API honours as well."""
 
@@ -9,15 +10,19 @@ import struct
 import time
 import urllib.parse
 
+from llm_gateway.testing.fake_chat_reply import (
+    ChatPlan,
+    chat_problem,
+    chat_prompt_tokens,
+    chat_tool_to_call,
+    plan_chat,
+)
 from llm_gateway.testing.fake_content import (
     DEFAULT_EMBEDDING_DIMENSIONS,
-    WORDS_PER_CHUNK,
     ChatReply,
     count_words,
     fake_embedding,
-    fake_reply_chunk,
     models_payload,
-    prompt_word_count,
     usage_payload,
 )
 from llm_gateway.testing.fake_errors import CHAT_FIELDS_BY_MODE, unknown_fields_payload
@@ -59,22 +64,39 @@ async def chat_completions(
     if checked is None:
         return
     request, model, messages = checked
+    problem = chat_problem(request, messages, exchange.provider)
+    if problem is not None:
+        await problem.send(exchange)
+        return
     steered = await _steering(exchange, request, chunk_count, chunk_delay)
     if steered is None:
         return
     chunk_count, chunk_delay, cached_tokens, choices = steered
-    reply = ChatReply(model=model, chunk_count=chunk_count, created=int(time.time()),
+    tool_name = chat_tool_to_call(request, messages, exchange.headers)
+    if isinstance(tool_name, ValueError):
+        await exchange.send_error(400, str(tool_name))
+        return
+    plan, thinking_asked = plan_chat(request, provider=exchange.provider,
+                                     chunk_count=chunk_count, tool_name=tool_name,
+                                     choices=choices)
+    reply = ChatReply(model=model, chunk_count=plan.fitted.chunks, created=int(time.time()),
                       choices=choices)
     venice = exchange.provider == "venice"
     # Every choice is generated, and billed: n choices cost n times the output.
     usage = usage_payload(
-        prompt_word_count(messages), WORDS_PER_CHUNK * chunk_count * choices, with_cost=venice,
+        chat_prompt_tokens(messages), plan.fitted.output_tokens * choices, with_cost=venice,
         cached_tokens=cached_tokens,
     )
+    if thinking_asked:
+        usage["completion_tokens_details"] = {
+            "reasoning_tokens": plan.fitted.thinking_tokens * choices}
 
     if request.get("stream") is not True:
-        if await waited_as_generating(exchange, chunk_delay, chunk_count):
-            await exchange.send_success(reply.completion(usage), fault)
+        if await waited_as_generating(exchange, chunk_delay, plan.paced_count):
+            choices_made = [{"index": index, "message": plan.message(index), "logprobs": None,
+                             "finish_reason": plan.finish_reason} for index in range(choices)]
+            await exchange.send_success({**reply.completion(usage), "choices": choices_made},
+                                        fault)
         return
 
     # Venice always ends a stream with usage; OpenAI only when the request asked for it.
@@ -82,7 +104,8 @@ async def chat_completions(
     include_usage = venice or (
         isinstance(stream_options, dict) and stream_options.get("include_usage") is True
     )
-    await _stream_completion(exchange, fault, reply, chunk_delay, usage if include_usage else None)
+    await _stream_completion(exchange, fault, reply, plan, chunk_delay,
+                             usage if include_usage else None)
 
 
 async def _checked_chat(
@@ -113,8 +136,8 @@ async def _checked_chat(
 async def _steering(
     exchange: Exchange, request: dict[str, object], chunk_count: int, chunk_delay: float
 ) -> tuple[int, float, int | None, int] | None:
-    """(chunk count, chunk delay, cached tokens, choices) as the headers, the token cap and
-    ``n`` shape the reply, or None after a 400 for one of them."""
+    """(chunk count, chunk delay, cached tokens, choices) as the headers and ``n`` shape the
+    reply (the token cap is :func:`plan_chat`'s), or None after a 400 for one of them."""
     settings = stream_settings(exchange.headers, chunk_count, chunk_delay)
     if isinstance(settings, str):
         await exchange.reject("headers", settings)
@@ -124,10 +147,6 @@ async def _steering(
     if isinstance(cached_tokens, str):
         await exchange.reject("headers", cached_tokens)
         return None
-    cap = request.get("max_tokens", request.get("max_completion_tokens"))
-    if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 0:
-        # As a real model: never more completion tokens than the request allows.
-        chunk_count = min(chunk_count, cap // WORDS_PER_CHUNK)
     choices = 1 if request.get("n") is None else request["n"]
     if isinstance(choices, bool) or not isinstance(choices, int) or not 1 <= choices <= 128:
         await exchange.reject("n", "n must be an integer from 1 to 128")
@@ -147,6 +166,7 @@ async def _stream_completion(
     exchange: Exchange,
     fault: Fault | None,
     reply: ChatReply,
+    plan: ChatPlan,
     chunk_delay: float,
     usage: dict[str, object] | None,
 ) -> None:
@@ -156,30 +176,32 @@ async def _stream_completion(
         await _send_json_frame(exchange, {"error": fault.inband_error})
         await _end_stream(exchange)
         return
-    for index in range(reply.choices):
-        await _send_json_frame(exchange, reply.chunk({"role": "assistant", "content": ""}, None,
-                                                     index))
-    if not await _stream_content(exchange, fault, reply, chunk_delay):
+    head = plan.head()
+    if head is not None:
+        for index in range(reply.choices):
+            await _send_json_frame(exchange, reply.chunk(head, None, index))
+    if not await _stream_content(exchange, fault, reply, plan, chunk_delay):
         return
     for index in range(reply.choices):
-        await _send_json_frame(exchange, reply.chunk({}, "stop", index))
+        await _send_json_frame(exchange, reply.chunk({}, plan.finish_reason, index))
     if usage is not None:
         await _send_json_frame(exchange, reply.usage_chunk(usage))
     await _end_stream(exchange)
 
 
 async def _stream_content(
-    exchange: Exchange, fault: Fault | None, reply: ChatReply, chunk_delay: float
+    exchange: Exchange, fault: Fault | None, reply: ChatReply, plan: ChatPlan,
+    chunk_delay: float,
 ) -> bool:
-    """Send the content chunks, each in every choice, applying stream faults; False when the
-    client hung up."""
-    pacer = ChunkPacer(exchange, fault, reply.chunk_count, chunk_delay)
-    for index in range(reply.chunk_count):
+    """Send the paced deltas (reasoning, then the tool call or the content chunks), each in
+    every choice, applying stream faults; False when the client hung up."""
+    deltas = [plan.deltas(choice) for choice in range(reply.choices)]
+    pacer = ChunkPacer(exchange, fault, plan.paced_count, chunk_delay)
+    for index in range(plan.paced_count):
         if not await pacer.before_chunk():
             return False
         for choice in range(reply.choices):
-            await _send_json_frame(exchange, reply.chunk({"content": fake_reply_chunk(index)},
-                                                         None, choice))
+            await _send_json_frame(exchange, reply.chunk(deltas[choice][index], None, choice))
         pacer.chunk_sent()
     await pacer.finish()
     return True

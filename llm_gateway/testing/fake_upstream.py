@@ -11,6 +11,10 @@ What it speaks, under ``api_prefix`` (default ``/api/v1``, like ``https://api.ve
   Per request, headers steer it: ``x-fake-chunks``, ``x-fake-chunk-delay-ms``, and
   ``x-fake-cached-tokens: N`` (usage reports N prompt tokens read from the prompt cache, as
   ``prompt_tokens_details.cached_tokens``; without it, no details, as for an uncached prompt).
+  With function ``tools`` it calls one as the other modes do (``x-fake-tool-call``,
+  ``tool_choice``; a turn answering a ``tool`` message ends with text), reasons when asked
+  (``reasoning_effort``; Venice's ``reasoning_content``), and refuses tool messages that answer
+  no call, as the providers do (see ``fake_chat_reply``).
 * ``POST /embeddings`` -- deterministic unit vectors, ``float`` or ``base64`` encoded.
 * ``GET /models`` -- a small Venice-like catalogue (:data:`FAKE_MODELS`).
 * in ``usage_mode="openai"`` also OpenAI's Responses API: ``POST /responses`` (JSON or its named
@@ -34,7 +38,8 @@ are injected with :meth:`FakeUpstream.push_fault`; every request is recorded in
 This module is the import path of everything public, and runs the fake on uvicorn; the parts
 live beside it: ``fake_content`` (what it answers), ``fake_errors`` (how it refuses),
 ``fake_faults``, ``fake_exchange`` (one request), ``fake_stream`` (pacing every API's stream,
-with its faults), ``fake_endpoints`` (chat, embeddings, models), ``fake_responses`` (with its
+with its faults), ``fake_endpoints`` (chat, embeddings, models) with ``fake_chat_reply`` (chat's
+tool calls and reasoning), ``fake_responses`` (with its
 ``_request``, ``_reply``, ``_stream`` and ``_store`` modules), ``fake_anthropic`` (with its
 ``_request`` and ``_reply``), ``fake_agent_reply`` (what those two APIs decide alike) and
 ``fake_app``.
