@@ -769,7 +769,7 @@ def _normal(body: dict) -> dict:
     return {**body, "messages": messages}
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(_bodies())
 def test_messages_round_trip_through_the_form(body: dict) -> None:
     request = CODEC.read_request(body)
@@ -778,7 +778,7 @@ def test_messages_round_trip_through_the_form(body: dict) -> None:
     assert request.dropped == []
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(st.lists(st.one_of(
     st.builds(Text, _text),
     st.builds(lambda text, sig: Thinking(text, signature=sig), _text, _text),
