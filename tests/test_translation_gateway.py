@@ -7,6 +7,8 @@ that answered.
 - the anthropic SDK (``messages.stream()``, tool use and tool result turns) to a Venice-like
   chat target with strict top-level fields (it refuses a field it does not document);
 - openai ``responses`` (stream, function tools) to a chat target and to an Anthropic target;
+- the openai SDK (chat, streaming, tools) and the anthropic SDK (``messages.stream()``, tool
+  use) to a Gemini target;
 - a Messages stream failing over from Anthropic (529) to the chat target;
 - what cannot cross is refused before any call; what only tunes is dropped and named.
 """
@@ -37,6 +39,7 @@ from tests.agent_support import (  # noqa: F401 (fixtures)
 pytestmark = pytest.mark.slow_once
 
 OPEN_MODEL = "llama-3.3-70b"  # the Venice-like fake's model
+GEMINI_MODEL = "gemini-2.5-flash"
 REPLY = fake_reply_text(8)
 HELLO = [{"role": "user", "content": "Hello there"}]
 WEATHER_INPUT = {"type": "object", "properties": {"city": {"type": "string"}},
@@ -57,21 +60,30 @@ def venice_fake() -> Iterator[tuple[FakeUpstream, str]]:
         yield served
 
 
-def translating_routes(claude_url: str, gpt_url: str, venice_url: str) -> dict[str, Any]:
-    """``claude``: Anthropic only; ``open``: the Venice-like chat provider only;
-    ``resilient``: Anthropic first, the chat provider when it fails."""
+@pytest.fixture(scope="module")
+def gemini_fake() -> Iterator[tuple[FakeUpstream, str]]:
+    with running_fake_upstream(FakeUpstream(usage_mode="gemini")) as served:
+        yield served
+
+
+def translating_routes(claude_url: str, gpt_url: str, venice_url: str,
+                       gemini_url: str) -> dict[str, Any]:
+    """``claude``: Anthropic only; ``open``: the Venice-like chat provider only; ``gemini``:
+    Gemini only; ``resilient``: Anthropic first, the chat provider when it fails."""
     key = {"api_key_env": "AGENT_TEST_KEY"}
     return {
         "providers": {
             "anthropic": {"base_url": claude_url, "profile": "anthropic", **key},
             "openai": {"base_url": gpt_url, "profile": "openai", **key},
             "venice": {"base_url": venice_url, "profile": "venice", **key},
+            "google": {"base_url": gemini_url, "profile": "gemini", **key},
         },
         "default_provider": "openai",
         "models": {
             "claude": {"targets": [{"provider": "anthropic", "model": CLAUDE}]},
             "gpt": {"targets": [{"provider": "openai", "model": GPT}]},
             "open": {"targets": [{"provider": "venice", "model": OPEN_MODEL}]},
+            "gemini": {"targets": [{"provider": "google", "model": GEMINI_MODEL}]},
             "resilient": {"targets": [{"provider": "anthropic", "model": CLAUDE, "priority": 0},
                                       {"provider": "venice", "model": OPEN_MODEL,
                                        "priority": 1}]},
@@ -83,18 +95,24 @@ def translating_routes(claude_url: str, gpt_url: str, venice_url: str) -> dict[s
 def on(request: pytest.FixtureRequest, tmp_path: Path,
        claude_fake: tuple[FakeUpstream, str],  # noqa: F811 (a fixture)
        gpt_fake: tuple[FakeUpstream, str],  # noqa: F811
-       venice_fake: tuple[FakeUpstream, str],
+       venice_fake: tuple[FakeUpstream, str], gemini_fake: tuple[FakeUpstream, str],
        monkeypatch: pytest.MonkeyPatch) -> Iterator[AgentSurface]:
     venice_fake[0].reset()
-    routes = translating_routes(claude_fake[1], gpt_fake[1], venice_fake[1])
+    gemini_fake[0].reset()
+    routes = translating_routes(claude_fake[1], gpt_fake[1], venice_fake[1], gemini_fake[1])
     with agent_surface(request.param, tmp_path, claude_fake, gpt_fake, monkeypatch,
                        routes=routes) as it:
         it.venice = venice_fake[0]  # type: ignore[attr-defined]
+        it.gemini = gemini_fake[0]  # type: ignore[attr-defined]
         yield it
 
 
 def venice(on: AgentSurface) -> FakeUpstream:
     return on.venice  # type: ignore[attr-defined,no-any-return]
+
+
+def gemini(on: AgentSurface) -> FakeUpstream:
+    return on.gemini  # type: ignore[attr-defined,no-any-return]
 
 
 def sent_body(fake: FakeUpstream, index: int = -1) -> dict[str, Any]:
@@ -215,7 +233,7 @@ def test_messages_tool_use_and_result_to_chat(on: AgentSurface) -> None:
 def test_what_cannot_cross_is_refused_and_what_tunes_is_dropped(on: AgentSurface) -> None:
     key = on.key()
     raw = on.anthropic(key).messages.with_raw_response.create(
-        model="open", max_tokens=50, messages=HELLO,  # type: ignore[arg-type]
+        model="open", max_tokens=200, messages=HELLO,  # type: ignore[arg-type]
         system=[{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
         extra_body={"context_management": {"edits": []}},
         extra_headers={"anthropic-beta": "context-management-2025-06-27"})
@@ -312,3 +330,55 @@ def test_a_chat_providers_error_reaches_a_messages_caller_in_anthropics_shape(
                                                messages=HELLO)  # type: ignore[arg-type]
     assert refused.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
     assert "context too long" in str(refused.value)
+
+
+# ---- a Gemini target --------------------------------------------------------------------------
+
+
+def test_chat_to_gemini_answer_stream_and_tools(on: AgentSurface) -> None:
+    client = on.openai(on.key())
+    completion = client.chat.completions.create(
+        model="gemini", max_tokens=200,
+        messages=[{"role": "system", "content": "Be brief."}, *HELLO])  # type: ignore[list-item]
+    assert completion.choices[0].message.content and completion.usage is not None
+    seen = gemini(on).requests[-1]
+    assert seen.path.endswith(f"/models/{GEMINI_MODEL}:generateContent")
+    assert seen.headers["x-goog-api-key"] and "authorization" not in seen.headers
+    assert json.loads(seen.body)["systemInstruction"]["parts"] == [{"text": "Be brief."}]
+    chunks = list(client.chat.completions.create(
+        model="gemini", max_tokens=200, messages=HELLO, stream=True,  # type: ignore[arg-type]
+        stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and gemini(on).requests[-1].query == "alt=sse"
+    tools = on.openai(on.key(), default_headers=CALL_WEATHER).chat.completions.create(
+        model="gemini", max_tokens=300, tools=[CHAT_WEATHER],  # type: ignore[list-item]
+        messages=[{"role": "user", "content": "Weather?"}])
+    [call] = tools.choices[0].message.tool_calls or []
+    assert call.function.name == "get_weather" and tools.choices[0].finish_reason == "tool_calls"
+    first, second, third = on.finished.wait_for(3)
+    assert {r.provider for r in (first, second, third)} == {"google"}
+    assert first.prompt_tokens == completion.usage.prompt_tokens
+    assert second.stream and second.error_code is None
+    assert second.completion_tokens == chunks[-1].usage.completion_tokens  # type: ignore[union-attr]
+
+
+def test_messages_stream_and_tool_use_to_gemini(on: AgentSurface) -> None:
+    client = on.anthropic(on.key(), default_headers=CALL_WEATHER)
+    with client.messages.stream(model="gemini", max_tokens=300, tools=[ANTHROPIC_WEATHER],
+                                messages=[{"role": "user", "content": "Weather?"}],  # type: ignore[list-item]
+                                ) as stream:
+        called = stream.get_final_message()
+    assert called.stop_reason == "tool_use"
+    [use] = [block for block in called.content if block.type == "tool_use"]
+    answered = client.messages.create(
+        model="gemini", max_tokens=300, tools=[ANTHROPIC_WEATHER],  # type: ignore[list-item]
+        messages=[{"role": "user", "content": "Weather?"},
+                  {"role": "assistant", "content": called.content},  # type: ignore[list-item]
+                  {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                                "content": "Sunny"}]}])
+    assert answered.content[-1].text  # type: ignore[union-attr]
+    parts = json.loads(gemini(on).requests[-1].body)["contents"][-1]["parts"]
+    assert parts[0]["functionResponse"]["name"] == "get_weather"
+    records = on.finished.wait_for(2)
+    assert {(r.protocol, r.provider, r.error_code) for r in records} == {
+        ("messages", "google", None)}

@@ -16,6 +16,7 @@ from llm_gateway.errors import ErrorShape
 from llm_gateway.protocols.base import OpenAICompatible
 from llm_gateway.protocols.chat import CHAT
 from llm_gateway.protocols.embeddings import EMBEDDINGS
+from llm_gateway.protocols.gemini import GEMINI
 from llm_gateway.protocols.messages import MESSAGES
 from llm_gateway.protocols.responses import RESPONSES
 from llm_gateway.providers import Profile, UnsupportedParameter
@@ -23,7 +24,8 @@ from llm_gateway.translate import StreamTranslation, Translation, Untranslatable
 
 # The protocol object of each wire protocol a provider may speak.
 WIRES: dict[str, OpenAICompatible] = {"chat": CHAT, "embeddings": EMBEDDINGS,
-                                      "messages": MESSAGES, "responses": RESPONSES}
+                                      "gemini": GEMINI, "messages": MESSAGES,
+                                      "responses": RESPONSES}
 # Caller headers of one protocol's API that a target of another must not get (Anthropic's
 # version and beta flags tune Anthropic's API only).
 _PROTOCOL_HEADERS = {"messages": ("anthropic-version", "anthropic-beta")}
