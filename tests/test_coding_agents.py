@@ -1,6 +1,8 @@
 """The real coding agents, from npm, complete a prompt through the gateway: Claude Code
 (``claude -p``, Anthropic Messages) and Codex (``codex exec``, OpenAI Responses), each through
-``serve`` and through the regular-mode sidecar. Every request an agent made is one usage
+``serve`` and through the regular-mode sidecar; and each on a model whose only target is a
+Venice-like chat provider (their requests translated), Claude Code through a turn that calls
+a tool. Every request an agent made is one usage
 record, matched against what the fake provider answered: its message or response id, its
 tokens.
 
@@ -33,6 +35,7 @@ import pytest
 import yaml
 
 from llm_gateway.billing.metering import UsageRecord
+from llm_gateway.testing.fake_content import TOOL_CALL_HEADER
 from llm_gateway.testing.fake_exchange import RecordedRequest
 from llm_gateway.testing.fake_upstream import FakeUpstream, fake_reply_text, running_fake_upstream
 from tests.agent_support import CLAUDE, GPT, PROVIDER_KEY, agent_routes
@@ -57,6 +60,7 @@ from tests.test_sidecar import running_process
 pytestmark = pytest.mark.slow_once
 
 PROMPT = "Say hello"
+OPEN_MODEL = "llama-3.3-70b"  # the Venice-like fake's model
 REPLY = fake_reply_text(8)  # the fakes' default: 8 chunks
 
 
@@ -75,6 +79,7 @@ class Deployment:
     claude_url: str  # the provider's API root: .../v1
     gpt: FakeUpstream
     gpt_url: str  # .../api/v1
+    open_model: FakeUpstream  # the Venice-like chat provider of the alias ``open``
     database_url: str
     key: str
     key_id: str
@@ -128,9 +133,17 @@ def deployed(kind: str, directory: Path) -> Iterator[Deployment]:
     with running_fake_upstream(FakeUpstream(PROVIDER_KEY, usage_mode="anthropic"),
                                tls=tls) as (claude, claude_url), \
             running_fake_upstream(FakeUpstream(PROVIDER_KEY, usage_mode="openai"),
-                                  tls=tls) as (gpt, gpt_url):
+                                  tls=tls) as (gpt, gpt_url), \
+            running_fake_upstream(FakeUpstream(PROVIDER_KEY, usage_mode="venice"),
+                                  tls=tls) as (open_model, open_url):
         config = directory / "gateway.yaml"
-        config.write_text(yaml.safe_dump(agent_routes(claude_url, gpt_url)))
+        routes = agent_routes(claude_url, gpt_url)
+        # ``open``: a Venice-like chat provider only (strict top-level fields): the agents'
+        # requests reach it translated.
+        routes["providers"]["venice"] = {"base_url": open_url, "profile": "venice",
+                                         "api_key_env": "AGENT_TEST_KEY"}
+        routes["models"]["open"] = {"targets": [{"provider": "venice", "model": OPEN_MODEL}]}
+        config.write_text(yaml.safe_dump(routes))
         database_url = fresh_database_url(directory)
         record, key = create_key(database_url, rate_limit_requests=1000)
         env = {"DATABASE_URL": database_url, "AGENT_TEST_KEY": PROVIDER_KEY,
@@ -138,6 +151,7 @@ def deployed(kind: str, directory: Path) -> Iterator[Deployment]:
         log = directory / f"{kind}.log"
         port = free_port()
         common = dict(claude=claude, claude_url=claude_url, gpt=gpt, gpt_url=gpt_url,
+                      open_model=open_model,
                       database_url=database_url, key=key, key_id=record.id, log=log)
         if kind == "serve":
             url = f"http://127.0.0.1:{port}"
@@ -261,7 +275,8 @@ def assert_claude_code_settings_refused_at_once(deployment: Deployment) -> None:
             assert isinstance(body["error"]["message"], str)
 
 
-def run_claude(agents: CodingAgents, deployment: Deployment, directory: Path) -> None:
+def run_claude(agents: CodingAgents, deployment: Deployment, directory: Path, *,
+               model: str = "claude", extra: dict[str, str] | None = None) -> None:
     home, work = directory / "claude-home", directory / "work"
     work.mkdir()
     if deployment.kind == "serve":
@@ -269,16 +284,16 @@ def run_claude(agents: CodingAgents, deployment: Deployment, directory: Path) ->
         with refusing_proxy() as elsewhere:
             env = claude_environment(home, base_url=deployment.url, key=deployment.key)
             env |= {"HTTPS_PROXY": elsewhere.url, "HTTP_PROXY": elsewhere.url,
-                    "NO_PROXY": "127.0.0.1"}
-            run = run_agent([str(agents.claude), "-p", PROMPT, "--model", "claude"], env, work)
+                    "NO_PROXY": "127.0.0.1", **(extra or {})}
+            run = run_agent([str(agents.claude), "-p", PROMPT, "--model", model], env, work)
         assert elsewhere.seen == [], f"Claude Code tried other hosts: {elsewhere.seen}"
     else:
         assert deployment.proxy is not None and deployment.ca_bundle is not None
         env = claude_environment(home, base_url=deployment.claude_url.removesuffix("/v1"),
                                  key=deployment.key)
         env |= {"HTTPS_PROXY": deployment.proxy, "HTTP_PROXY": deployment.proxy,
-                "NODE_EXTRA_CA_CERTS": str(deployment.ca_bundle)}
-        run = run_agent([str(agents.claude), "-p", PROMPT, "--model", "claude"], env, work)
+                "NODE_EXTRA_CA_CERTS": str(deployment.ca_bundle), **(extra or {})}
+        run = run_agent([str(agents.claude), "-p", PROMPT, "--model", model], env, work)
     assert run.returncode == 0, run.describe()
     assert REPLY in run.stdout, run.describe()
 
@@ -300,7 +315,8 @@ def test_claude_code_completes_a_prompt(agents: CodingAgents, tmp_path: Path, ki
 # ---- Codex -------------------------------------------------------------------------------
 
 
-def run_codex(agents: CodingAgents, deployment: Deployment, directory: Path) -> str:
+def run_codex(agents: CodingAgents, deployment: Deployment, directory: Path, *,
+              model: str = "gpt") -> str:
     home, work = directory / "codex-home", directory / "work"
     work.mkdir()
     command = [str(agents.codex), "exec", "--skip-git-repo-check", PROMPT]
@@ -308,7 +324,7 @@ def run_codex(agents: CodingAgents, deployment: Deployment, directory: Path) -> 
         assert deployment.url is not None
         with refusing_proxy() as elsewhere:
             env = codex_environment(home, base_url=deployment.url + "/v1", key=deployment.key,
-                                    model="gpt")
+                                    model=model)
             env |= {"HTTPS_PROXY": elsewhere.url, "HTTP_PROXY": elsewhere.url,
                     "NO_PROXY": "127.0.0.1"}
             run = run_agent(command, env, work)
@@ -316,7 +332,7 @@ def run_codex(agents: CodingAgents, deployment: Deployment, directory: Path) -> 
     else:
         assert deployment.proxy is not None and deployment.ca_bundle is not None
         env = codex_environment(home, base_url=deployment.gpt_url, key=deployment.key,
-                                model="gpt")
+                                model=model)
         env |= {"HTTPS_PROXY": deployment.proxy, "HTTP_PROXY": deployment.proxy,
                 "SSL_CERT_FILE": str(deployment.ca_bundle)}
         run = run_agent(command, env, work)
@@ -336,3 +352,46 @@ def test_codex_completes_a_prompt(agents: CodingAgents, tmp_path: Path, kind: st
                                            protocol="responses", alias="gpt", provider="openai")
     # What it prints as "tokens used" is response.completed's total, as recorded.
     assert f"tokens used\n{record.total_tokens:,}\n" in stderr
+
+
+# ---- the agents on a chat-only model, translated -------------------------------------------
+
+
+def assert_a_record_per_chat_request(deployment: Deployment, protocol: str) -> None:
+    """One record per request the chat provider answered, with the usage its stream said
+    (Venice sends a usage chunk in every stream), naming the alias and the provider."""
+    fake = deployment.open_model
+    assert fake.requests, "the agent's request never reached the chat provider"
+    assert {seen.path for seen in fake.requests} == {"/api/v1/chat/completions"}
+    usages = [[e for e in sse_data(seen) if e.get("usage")][-1]["usage"]
+              for seen in fake.requests]
+    records = usage_records(deployment.database_url)
+    assert len(records) == len(fake.requests), records
+    for record in records:
+        assert (record.status, record.error_code, record.protocol, record.model,
+                record.provider, record.upstream_model) == \
+            (200, None, protocol, "open", "venice", OPEN_MODEL), record
+    assert sorted((r.prompt_tokens, r.completion_tokens) for r in records) == \
+        sorted((u["prompt_tokens"], u["completion_tokens"]) for u in usages)
+
+
+def test_claude_code_on_a_chat_model_completes_a_prompt_and_a_tool_turn(
+        agents: CodingAgents, tmp_path: Path) -> None:
+    """Claude Code's Messages, translated to a Venice-like chat provider: a turn in which the
+    model calls a tool (Read: read-only), Claude Code runs it and sends its result, and the
+    model answers."""
+    with deployed("serve", tmp_path) as deployment:
+        run_claude(agents, deployment, tmp_path, model="open",
+                   extra={"ANTHROPIC_CUSTOM_HEADERS": f"{TOOL_CALL_HEADER}: Read"})
+        assert deployment.claude.requests == [] and deployment.gpt.requests == []
+    bodies = [seen.json for seen in deployment.open_model.requests]
+    assert any(m.get("role") == "tool" for body in bodies  # type: ignore[union-attr]
+               for m in body["messages"]), "Claude Code never sent the tool's result back"
+    assert_a_record_per_chat_request(deployment, "messages")
+
+
+def test_codex_on_a_chat_model_completes_a_prompt(agents: CodingAgents, tmp_path: Path) -> None:
+    with deployed("serve", tmp_path) as deployment:
+        run_codex(agents, deployment, tmp_path, model="open")
+        assert deployment.claude.requests == [] and deployment.gpt.requests == []
+    assert_a_record_per_chat_request(deployment, "responses")
