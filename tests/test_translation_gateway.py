@@ -382,3 +382,21 @@ def test_messages_stream_and_tool_use_to_gemini(on: AgentSurface) -> None:
     records = on.finished.wait_for(2)
     assert {(r.protocol, r.provider, r.error_code) for r in records} == {
         ("messages", "google", None)}
+
+
+def test_embeddings_to_gemini(on: AgentSurface) -> None:
+    client = on.openai(on.key())
+    answer = client.embeddings.create(model="gemini", input=["first text", "second text"],
+                                      dimensions=8)
+    assert [item.index for item in answer.data] == [0, 1]
+    assert all(len(item.embedding) == 8 for item in answer.data)
+    assert answer.data[0].embedding != answer.data[1].embedding
+    seen = gemini(on).requests[-1]
+    assert seen.path.endswith(f"/models/{GEMINI_MODEL}:batchEmbedContents")
+    assert json.loads(seen.body)["requests"][1] == {
+        "model": f"models/{GEMINI_MODEL}", "content": {"parts": [{"text": "second text"}]},
+        "outputDimensionality": 8}
+    [record] = on.finished.wait_for(1)
+    assert (record.protocol, record.provider, record.status, record.error_code) == (
+        "embeddings", "google", 200, None)
+    assert record.tokens_estimated and record.prompt_tokens == answer.usage.prompt_tokens

@@ -20,7 +20,14 @@ from llm_gateway.protocols.gemini import GEMINI
 from llm_gateway.protocols.messages import MESSAGES
 from llm_gateway.protocols.responses import RESPONSES
 from llm_gateway.providers import Profile, UnsupportedParameter
-from llm_gateway.translate import StreamTranslation, Translation, Untranslatable, caller_status
+from llm_gateway.translate import (
+    EmbeddingsToGemini,
+    StreamTranslation,
+    Translation,
+    Untranslatable,
+    caller_status,
+    translation,
+)
 
 # The protocol object of each wire protocol a provider may speak.
 WIRES: dict[str, OpenAICompatible] = {"chat": CHAT, "embeddings": EMBEDDINGS,
@@ -40,10 +47,10 @@ class Crossing:
         self.stream: StreamTranslation | None = None
         if wire is None or wire == caller.wire or payload is None:
             self.wire = caller
-            self.translation: Translation | None = None
+            self.translation: Translation | EmbeddingsToGemini | None = None
         else:  # raises Untranslatable for what the caller sent that no form holds
             self.wire = WIRES[wire]
-            self.translation = Translation(caller.wire or "", wire, payload, now=now)
+            self.translation = translation(caller.wire or "", wire, payload, now=now)
 
     @property
     def dropped(self) -> list[str]:

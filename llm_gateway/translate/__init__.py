@@ -14,6 +14,7 @@ import importlib
 from collections.abc import Iterable
 from typing import Protocol
 
+from llm_gateway.translate.embeddings import EmbeddingsToGemini
 from llm_gateway.translate.form import (
     Event,
     Failure,
@@ -101,6 +102,7 @@ PREFERENCES: dict[str, tuple[str, ...]] = {
     "chat": ("messages", "responses", "gemini"),
     "messages": ("chat", "responses", "gemini"),
     "responses": ("messages", "chat", "gemini"),
+    "embeddings": ("gemini",),
 }
 
 
@@ -196,5 +198,18 @@ class Translation:
                                  self.caller.stream_writer(self.request))
 
 
-__all__ = ["Codec", "StreamReader", "StreamTranslation", "StreamWriter", "Translation",
-           "Untranslatable", "caller_status", "codec", "target_protocol"]
+
+
+def translation(caller: str, target: str, payload: dict, *,
+                now: float = 0) -> Translation | EmbeddingsToGemini:
+    """The translation of one request from ``caller``'s protocol to ``target``'s; raises
+    Untranslatable for what the caller sent that cannot cross. Embeddings are a pair of
+    their own (no conversation to put in the hub form)."""
+    if (caller, target) == ("embeddings", "gemini"):
+        return EmbeddingsToGemini(payload, now=now)
+    return Translation(caller, target, payload, now=now)
+
+
+__all__ = ["Codec", "EmbeddingsToGemini", "StreamReader", "StreamTranslation", "StreamWriter",
+           "Translation", "Untranslatable", "caller_status", "codec", "target_protocol",
+           "translation"]
