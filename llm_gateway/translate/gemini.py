@@ -154,7 +154,8 @@ def _function_response(result: ToolResult, names: dict[str, str]) -> dict:
         raise Untranslatable("tool_result", f"answers the call {result.call_id!r}, which the "
                              "conversation does not hold: Gemini matches a result by the "
                              "function's name")
-    text = "".join(part.text for part in result.content if isinstance(part, Text))
+    # One text, as chat's tool message: its blocks a blank line apart, not run together.
+    text = "\n\n".join(part.text for part in result.content if isinstance(part, Text))
     written: dict = {"name": name, "response": response_object(text, result.is_error)}
     if not result.call_id.startswith(GENERATED_ID):
         written["id"] = result.call_id
