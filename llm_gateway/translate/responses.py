@@ -132,7 +132,7 @@ def _write_result(result: ToolResult, dropped: Dropped) -> dict:
         dropped.add("is_error")
     kind = "custom_tool_call_output" if result.kind == "custom" else "function_call_output"
     if all(isinstance(part, Text) for part in result.content):
-        output: str | list = "".join(part.text for part in result.content
+        output: str | list = "\n\n".join(part.text for part in result.content
                                      if isinstance(part, Text))
     else:
         output = [{"type": "input_text", "text": part.text} if isinstance(part, Text)
