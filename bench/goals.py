@@ -219,7 +219,17 @@ def _protocols_small(results: Results) -> str | None:
     return f"run at {streams} streams x {seconds:g} s; judged from 100 x 10 s"
 
 
+def _translation_small(results: Results) -> str | None:
+    """As _protocols_small, for the translation phase."""
+    phase = (results.get(PHASES) or {}).get("translation") or {}
+    streams, seconds = phase.get("streams") or 0, phase.get("seconds") or 0
+    if streams >= 100 and seconds >= 10:
+        return None
+    return f"run at {streams} streams x {seconds:g} s; judged from 100 x 10 s"
+
+
 AGENTS = "agent protocols issue"
+TRANSLATION = "translation issue"
 ISSUE_15 = "issue 15"
 GOALS: tuple[Goal, ...] = (
     # Issue 15's targets for these figures replace the benchmark issue's looser ones.
@@ -295,6 +305,10 @@ GOALS: tuple[Goal, ...] = (
     Goal("responses via serve: CPU per relayed event / chat's", "x", 1.10, True,
          _phase("protocols", "legs", "responses", "steady_ratio_to_chat"), _protocols_small,
          AGENTS),
+    *(Goal(f"{leg} via serve: CPU per event / untranslated's", "x", 1.5, True,
+           _phase("translation", "legs", leg, "steady_ratio_to_untranslated"),
+           _translation_small, TRANSLATION)
+      for leg in ("chat->messages", "messages->chat", "responses->chat")),
     # Not a product goal: the run is valid only if the floor is far above every gateway.
     Goal("harness: direct throughput / best gateway's", "x", 3.0, False, _direct_headroom),
     Goal("harness: client + upstream CPU at the most streams", "cores", 0.9, True,

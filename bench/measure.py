@@ -83,6 +83,10 @@ class Plan:
     protocol_streams: int = 200
     protocol_seconds: float = 20.0
     protocol_rounds: int = 5
+    # The translation phase (bench.phases.translation): streams per leg at once (six legs,
+    # a translated event costing more: 100 keeps the target CPU as busy as the protocols
+    # phase's four legs of 200); its streams last protocol_seconds, protocol_rounds rounds.
+    translation_streams: int = 100
     warmup_concurrency: int = 8
     cpu_concurrency: int = 8
     soak_seconds: float = 0.0
@@ -143,6 +147,7 @@ QUICK_PLAN = Plan(
     protocol_streams=40,
     protocol_seconds=3.0,
     protocol_rounds=1,
+    translation_streams=40,
 )
 
 

@@ -14,6 +14,10 @@ starts what it needs, measures, stops it and returns a JSON-ready dict:
 - ``protocols``: CPU per relayed content event through `serve` for chat completions, Anthropic
   Messages and OpenAI Responses streams of the same shape, every leg at once, and each
   one's ratio to chat's (the agents' traffic issue; ``bench.protocols``).
+- ``translation``: the same, for a caller whose alias's only target speaks another protocol
+  (chat -> Messages, Messages -> chat, Responses -> chat: the request and the stream
+  translated) beside the same caller untranslated; each translated leg's ratio to its
+  untranslated leg's (``bench.protocols.TRANSLATION_LEGS``).
 - ``budget``: what holding a request to a budget (Redis limiter and ledger, prices) adds at
   concurrency 1: `serve` and serve-budget side by side, one request to each in turn, so drift
   and neighbours hit both alike (issue 11; the table's figures come minutes apart).
@@ -53,6 +57,8 @@ from bench.protocols import (
     BASELINE,
     LEGS,
     PROTOCOL_MODELS,
+    TRANSLATION_LEGS,
+    UNTRANSLATED,
     UPSTREAM,
     measure_protocols,
     write_protocol_routes,
@@ -77,7 +83,8 @@ from bench.targets import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-PHASE_NAMES = ("observability", "inprocess", "workers", "streams", "protocols", "budget")
+PHASE_NAMES = ("observability", "inprocess", "workers", "streams", "protocols", "translation",
+               "budget")
 # The gateways the streams phase runs through, when the run measures them.
 STREAM_TARGETS = ("serve", "sidecar-reverse", "litellm")
 
@@ -526,6 +533,32 @@ def protocols(context: Context) -> dict[str, Any]:
             "idle_cpu_share": idle_share, **figures}
 
 
+def translation(context: Context) -> dict[str, Any]:
+    """``plan.translation_streams`` paced streams per leg of TRANSLATION_LEGS (each caller
+    protocol untranslated and translated), every leg at once, each through its own `serve`
+    (the protocols phase's providers, and one that speaks chat only), ``plan.protocol_seconds``
+    long, ``plan.protocol_rounds`` rounds: CPU per content event and each translated leg's
+    ratio to its untranslated leg's."""
+    plan = context.plan
+    shape = StreamShape(plan.translation_streams, plan.protocol_seconds, plan.stream_delay_ms,
+                        stepped=False)
+    say(f"  {shape.streams} streams x {shape.seconds:g}s per leg ({', '.join(TRANSLATION_LEGS)}"
+        f"), all at once, one event every {shape.delay_ms} ms, {plan.protocol_rounds} rounds")
+    with protocol_serves(context.environment, list(TRANSLATION_LEGS)) as (targets, paced):
+        figures = measure_protocols(targets, shape, plan.protocol_rounds, paced.pid, say,
+                                    UNTRANSLATED, "untranslated")
+        notes = targets[BASELINE].notes[:1]
+    for name, leg in figures["legs"].items():
+        ratio = (f" (x {leg['steady_ratio_to_untranslated']} {leg['baseline']}'s, range "
+                 f"{leg['steady_ratio_range']})" if "baseline" in leg else "")
+        say(f"  {name}: {leg['steady_us_per_event']} us per event steady{ratio}, "
+            f"{leg['whole_us_per_event']} us whole, {leg['per_stream_us']} us per stream")
+    return {"streams": shape.streams, "seconds": shape.seconds, "delay_ms": shape.delay_ms,
+            "chunks": shape.chunks, "rounds_run": plan.protocol_rounds,
+            "models": {name: alias for name, (_, alias) in TRANSLATION_LEGS.items()},
+            "upstream": UPSTREAM, "notes": notes, **figures}
+
+
 # ---- budget: serve-budget against serve, request by request ---------------------------------
 
 UNLEASED = "serve-budget-unleased"  # serve-budget with LIMIT_LEASE_SECONDS=0
@@ -607,5 +640,6 @@ PHASES: dict[str, Callable[[Context], dict[str, Any]]] = {
     "workers": workers,
     "streams": streams,
     "protocols": protocols,
+    "translation": translation,
     "budget": budget,
 }

@@ -5,6 +5,7 @@
                             [--concurrency 8] [--stream] [--out bench/results]
     python -m bench.profile --protocols chat,messages,responses [--streams 300]
                             [--seconds 20] [--rate 1000]
+    python -m bench.profile --protocols messages,messages->chat [--streams 100]
 
 Starts the fake upstream and the target exactly as the benchmark does (serve, serve-budget and
 the sidecars called with the routed alias; serve-budget needs Redis), drives it at a fixed
@@ -18,6 +19,9 @@ protocol at once, and each is sampled over the same ``--seconds`` of steady stre
 ``profile-protocol-<name>.txt`` per protocol and prints, per function (its lines merged), the
 microseconds per content event of each protocol, self and inclusive, and each one's difference
 from the first protocol's, largest first: where a protocol spends more per event than chat.
+A name may be a translation phase's leg (``messages->chat``: a Messages caller on a chat-only
+target, ``bench.protocols.TRANSLATION_LEGS``): where translating spends, beside the
+untranslated leg named first.
 """
 
 from __future__ import annotations
@@ -39,7 +43,14 @@ from typing import Any
 from bench.loadgen import Budget
 from bench.measure import FULL_PLAN, Tools
 from bench.phases import protocol_serves
-from bench.protocols import WARM_SHAPE, leg_figures, protocol_leg
+from bench.protocols import (
+    TRANSLATION_LEGS,
+    WARM_SHAPE,
+    leg_figures,
+    leg_model,
+    leg_protocol,
+    protocol_leg,
+)
 from bench.run import DEFAULT_OUT, assign_cpus
 from bench.streams import PROTOCOLS, StreamShape, hold_together
 from bench.targets import (
@@ -50,6 +61,8 @@ from bench.targets import (
     start_target,
 )
 
+# What --protocols takes: a protocol (its own alias) or a translation phase's leg.
+KNOWN_LEGS = [*PROTOCOLS, *(name for name in TRANSLATION_LEGS if name not in PROTOCOLS)]
 # Every gateway target of the run but LiteLLM (not ours to profile).
 PROFILED_TARGETS = [name for name in GATEWAY_TARGETS if name != "litellm"]
 
@@ -130,12 +143,15 @@ def profile_protocols(names: Sequence[str], environment: Environment, py_spy: st
                       args: argparse.Namespace) -> int:
     """Every protocol of ``names`` at once, each through its own serve, each sampled."""
     shape = StreamShape(args.streams, args.seconds + 6, 100, stepped=False)
-    collapsed = {name: args.out / f"profile-protocol-{name}.txt" for name in names}
+    collapsed = {name: args.out / f"profile-protocol-{name.replace('->', '-to-')}.txt"
+                 for name in names}
     with protocol_serves(environment, list(names)) as (targets, paced):
-        hold_together([protocol_leg(targets[name], name, WARM_SHAPE, measured=False)
+        hold_together([protocol_leg(targets[name], leg_protocol(name), WARM_SHAPE,
+                                    measured=False, model=leg_model(name))
                        for name in names], WARM_SHAPE)
         held: dict[str, Any] = {}
-        legs = [protocol_leg(targets[name], name, shape, measured=True) for name in names]
+        legs = [protocol_leg(targets[name], leg_protocol(name), shape, measured=True,
+                             model=leg_model(name)) for name in names]
         load = threading.Thread(target=lambda: held.update(all=hold_together(
             legs, shape, paced.pid, window_s=args.seconds)), daemon=True)
         load.start()
@@ -169,15 +185,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stream", action="store_true", help="drive streams, not JSON calls")
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--protocols", default=None,
-                        help=f"comma-separated, from {','.join(PROTOCOLS)}: profile streams "
-                             "of each at once, each through its own serve")
+                        help=f"comma-separated, from {','.join(KNOWN_LEGS)}: profile "
+                             "streams of each at once, each through its own serve")
     parser.add_argument("--streams", type=int, default=300,
                         help="with --protocols: streams of each protocol at once")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     names = [name.strip() for name in (args.protocols or "").split(",") if name.strip()]
-    if unknown := [name for name in names if name not in PROTOCOLS]:
-        parser.error(f"unknown protocols {unknown}; choose from {', '.join(PROTOCOLS)}")
+    if unknown := [name for name in names if name not in KNOWN_LEGS]:
+        parser.error(f"unknown protocols {unknown}; choose from {', '.join(KNOWN_LEGS)}")
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(py_spy).exists():
         print("py-spy is not installed: pip install py-spy", file=sys.stderr)

@@ -31,6 +31,14 @@ events here: what they cost is each stream's.
 
 A ratio to chat is the median over rounds of each round's ratio, with its range; the A/A
 leg's ratio (chat again over chat) is the noise of such a ratio in this run.
+
+The translation phase (``TRANSLATION_LEGS``) measures the same way what translating costs:
+six serves, each caller protocol twice, on an alias whose target speaks it (untranslated) and
+on one whose only target speaks another (``claude``: Messages only; ``gpt-chat``: a provider
+that speaks chat only), so the gateway translates the request and the target's stream event
+by event: chat -> Messages, Messages -> chat, Responses -> chat. The same caller, the same
+content events per stream, the same text; each translated leg's ratio is to its untranslated
+leg's (``UNTRANSLATED``), the same median of the rounds' ratios.
 """
 
 from __future__ import annotations
@@ -46,7 +54,11 @@ from bench.targets import Target
 
 # (provider, profile, upstream model) per alias; the alias each protocol's requests name.
 PROTOCOL_PROVIDERS = {"gpt": ("openai", "openai", "gpt-4o-mini"),
-                      "claude": ("anthropic", "anthropic", "claude-sonnet-4-5")}
+                      "claude": ("anthropic", "anthropic", "claude-sonnet-4-5"),
+                      "gpt-chat": ("chat-only", "openai", "gpt-4o-mini")}
+# A provider's protocols where not its profile's: one that speaks chat only (a Messages or
+# Responses caller on ``gpt-chat`` is translated to chat).
+PROVIDER_PROTOCOLS = {"chat-only": ["chat"]}
 PROTOCOL_MODELS = {"chat": "gpt", "messages": "claude", "responses": "gpt"}
 SETTLE_AND_MARGIN_S = 2.5  # what of a stream's life the window leaves out (opening, settle, end)
 # Per leg, before the rounds: code paths, connection pools.
@@ -59,7 +71,9 @@ def write_protocol_routes(path: Path, base_url: str) -> Path:
     """Two providers on ``base_url`` (the paced upstream), one alias each (JSON is YAML)."""
     document = {
         "providers": {provider: {"base_url": base_url, "profile": profile,
-                                 "api_key_env": "VENICE_API_KEY"}
+                                 "api_key_env": "VENICE_API_KEY",
+                                 **({"protocols": PROVIDER_PROTOCOLS[provider]}
+                                    if provider in PROVIDER_PROTOCOLS else {})}
                       for provider, profile, _ in PROTOCOL_PROVIDERS.values()},
         "default_provider": "openai",
         "models": {alias: {"targets": [{"provider": provider, "model": model}]}
@@ -72,13 +86,43 @@ def write_protocol_routes(path: Path, base_url: str) -> Path:
 LEGS = {"chat": "chat", "chat-again": "chat", "messages": "messages",
         "responses": "responses"}  # leg: its protocol
 BASELINE = "chat"
+# The translation phase: leg -> (the caller's protocol, the alias it names). Each caller
+# protocol untranslated (its alias's target speaks it), then translated (its alias's only
+# target speaks another: Anthropic's Messages, or a chat-only provider).
+TRANSLATION_LEGS = {
+    "chat": ("chat", "gpt"),
+    "chat->messages": ("chat", "claude"),
+    "messages": ("messages", "claude"),
+    "messages->chat": ("messages", "gpt-chat"),
+    "responses": ("responses", "gpt"),
+    "responses->chat": ("responses", "gpt-chat"),
+}
+UNTRANSLATED = {"chat->messages": "chat", "messages->chat": "messages",
+                "responses->chat": "responses"}  # translated leg: the leg it is compared to
+
+
+def leg_protocol(name: str) -> str:
+    """The caller's protocol of a leg of either phase (a bare protocol: itself)."""
+    if name in LEGS:
+        return LEGS[name]
+    return TRANSLATION_LEGS[name][0] if name in TRANSLATION_LEGS else name
+
+
+def leg_model(name: str) -> str:
+    """The alias a leg of either phase names."""
+    if name in TRANSLATION_LEGS:
+        return TRANSLATION_LEGS[name][1]
+    return PROTOCOL_MODELS[leg_protocol(name)]
 
 
 def protocol_leg(target: Target, protocol: str, shape: StreamShape, *,
-                 measured: bool) -> Leg:
+                 measured: bool, model: str | None = None) -> Leg:
+    """``protocol``'s streams to ``target``, naming ``model`` (default: the protocol's own
+    alias of the protocols phase)."""
     host, port = target.endpoint.host, target.endpoint.port
     key = target.authorization.removeprefix("Bearer ")
-    payload = protocol_payload(protocol, host, port, key, PROTOCOL_MODELS[protocol], shape)
+    payload = protocol_payload(protocol, host, port, key, model or PROTOCOL_MODELS[protocol],
+                               shape)
     pid = target.process.pid if measured and target.process is not None else None
     return Leg(host, port, payload, pid, MARKERS[protocol])
 
@@ -116,12 +160,18 @@ def _round(value: float | None, digits: int = 2) -> float | None:
 
 
 def measure_protocols(targets: Mapping[str, Target], shape: StreamShape, rounds: int,
-                      upstream_pid: int | None, say: Callable[[str], None]) -> dict[str, Any]:
+                      upstream_pid: int | None, say: Callable[[str], None],
+                      baselines: Mapping[str, str] | None = None,
+                      ratio_to: str = "chat") -> dict[str, Any]:
     """Warm every leg, then ``rounds`` rounds of every leg at once; the figures. ``targets``:
-    a serve per leg of LEGS."""
+    a serve per leg of LEGS (or of TRANSLATION_LEGS, with ``baselines`` UNTRANSLATED)."""
     names = list(targets)
-    warm = hold_together([protocol_leg(targets[name], LEGS[name], WARM_SHAPE, measured=False)
-                          for name in names], WARM_SHAPE)
+
+    def leg(name: str, leg_shape: StreamShape, measured: bool) -> Leg:
+        return protocol_leg(targets[name], leg_protocol(name), leg_shape, measured=measured,
+                            model=leg_model(name))
+
+    warm = hold_together([leg(name, WARM_SHAPE, False) for name in names], WARM_SHAPE)
     for name, held in zip(names, warm, strict=True):
         if held["errors"]:
             raise RuntimeError(f"{name} streams through {targets[name].name} failed while "
@@ -131,8 +181,8 @@ def measure_protocols(targets: Mapping[str, Target], shape: StreamShape, rounds:
     for turn in range(rounds):
         # Who opens first turns round by round (the legs' openings interleave anyway).
         order = names[turn % len(names):] + names[:turn % len(names)]
-        held_all = hold_together([protocol_leg(targets[name], LEGS[name], shape, measured=True)
-                                  for name in order], shape, upstream_pid, window_s)
+        held_all = hold_together([leg(name, shape, True) for name in order], shape,
+                                 upstream_pid, window_s)
         legs = {name: leg_figures(held) for name, held in zip(order, held_all, strict=True)}
         per_round.append({name: legs[name] for name in names})
         some = legs[names[0]]
@@ -142,7 +192,7 @@ def measure_protocols(targets: Mapping[str, Target], shape: StreamShape, rounds:
             for name in names)
             + f" us per event steady/whole; CPU shares client {some['client_cpu_share']}, "
             f"upstream {some['upstream_cpu_share']}")
-    return summarize(per_round, names)
+    return summarize(per_round, names, baselines, ratio_to)
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -151,25 +201,31 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 
 def _ratios(per_round: Sequence[Mapping[str, Mapping[str, Any]]], name: str,
-            figure: str) -> list[float]:
+            figure: str, baseline: str = BASELINE) -> list[float]:
     """Leg ``name``'s ``figure`` over the baseline's, round by round."""
     ratios = []
     for legs in per_round:
-        ours, chat = legs[name].get(figure), legs[BASELINE].get(figure)
+        ours, chat = legs[name].get(figure), legs[baseline].get(figure)
         if ours and chat:
             ratios.append(ours / chat)
     return ratios
 
 
 def summarize(per_round: Sequence[Mapping[str, Mapping[str, Any]]],
-              names: Sequence[str]) -> dict[str, Any]:
-    """Per leg: the medians over rounds, and the median of its per-round ratios to chat's
-    (with their range); the spread of chat's own steady figure over the rounds."""
+              names: Sequence[str], baselines: Mapping[str, str] | None = None,
+              ratio_to: str = "chat") -> dict[str, Any]:
+    """Per leg: the medians over rounds, and the median of its per-round ratios to its
+    baseline's (``baselines``: leg -> the leg it is compared to; default every leg to chat),
+    with their range, as ``steady_ratio_to_<ratio_to>``; the spread of chat's own steady
+    figure over the rounds."""
+    if baselines is None:
+        baselines = ({name: BASELINE for name in names if name != BASELINE}
+                     if BASELINE in names else {})
     summaries: dict[str, dict[str, Any]] = {}
     for name in names:
         legs = [legs[name] for legs in per_round]
         summary: dict[str, Any] = {
-            "protocol": LEGS.get(name, name),
+            "protocol": leg_protocol(name),
             "errors": sum(leg.get("errors") or 0 for leg in legs),
             "frames_per_stream": _median([leg.get("frames_per_stream") for leg in legs]),
         }
@@ -177,15 +233,18 @@ def summarize(per_round: Sequence[Mapping[str, Mapping[str, Any]]],
                        "per_stream_us", "target_cpu_share"):
             summary[figure] = _round(_median([leg.get(figure) for leg in legs]),
                                      3 if figure.endswith("share") else 2)
-        if name != BASELINE and BASELINE in names:
+        if (baseline := baselines.get(name)) is not None and baseline in names:
+            if ratio_to != "chat":
+                summary["baseline"] = baseline
             for kind in ("steady", "whole"):
-                ratios = _ratios(per_round, name, f"{kind}_us_per_event")
-                summary[f"{kind}_ratio_to_chat"] = _round(_median(ratios), 3)
+                ratios = _ratios(per_round, name, f"{kind}_us_per_event", baseline)
+                summary[f"{kind}_ratio_to_{ratio_to}"] = _round(_median(ratios), 3)
                 summary[f"{kind}_ratio_range"] = (
                     [round(min(ratios), 3), round(max(ratios), 3)] if ratios else None)
         summaries[name] = summary
     first = per_round[0][names[0]] if per_round else {}
-    chat = [value for legs in per_round if (value := legs[BASELINE].get("steady_us_per_event"))]
+    chat = [value for legs in per_round if (value := (legs.get(BASELINE) or {}).get(
+        "steady_us_per_event"))]
     return {
         "legs": summaries,
         "rounds": [dict(legs) for legs in per_round],

@@ -417,13 +417,45 @@ def _protocols_section(phase: Mapping[str, Any]) -> Section:
                     f"{_num(phase.get('chat_spread'), 3)} (max-min over median) over the rounds."])
 
 
+def _translation_section(phase: Mapping[str, Any]) -> Section:
+    title = "Translation: CPU per event of a translated stream against the same untranslated"
+    if (note := _status_note(phase)) is not None:
+        return Section(title, notes=[note])
+    title = (f"Translation: CPU per relayed event through serve, {phase['streams']} streams "
+             f"of each leg at once, one event every {phase['delay_ms']} ms for "
+             f"{phase['seconds']:g} s")
+    rows = []
+    models = phase.get("models") or {}
+    for name, leg in (phase.get("legs") or {}).items():
+        ratio, spread = leg.get("steady_ratio_to_untranslated"), leg.get("steady_ratio_range")
+        rows.append([
+            name, str(models.get(name, "-")), _num(leg.get("steady_us_per_event")),
+            "-" if ratio is None else _num(ratio, 3)
+            + (f" ({_num(spread[0], 3)}-{_num(spread[1], 3)})" if spread else ""),
+            _num(leg.get("whole_us_per_event")),
+            _num(leg.get("whole_ratio_to_untranslated"), 3) if ratio is not None else "-",
+            _num(leg.get("per_stream_us"), 0), _num(leg.get("frames_per_stream"), 0),
+            str(leg.get("errors", "-")),
+        ])
+    return Section(title, ("leg", "alias", "steady us/event", "x untranslated",
+                           "whole us/event", "x untranslated", "us/stream", "events/stream",
+                           "errors"), rows,
+                   [f"{phase.get('rounds_run')} rounds, every leg at once, each through its own "
+                    "serve on the target CPU. A leg a->b: a caller of protocol a on an alias "
+                    "whose only target speaks b (claude: Messages; gpt-chat: a chat-only "
+                    "provider), its request and stream translated; x untranslated: over the "
+                    "same caller's leg untranslated (a), the median of the rounds' ratios "
+                    "(their range). Steady, whole and events as in the protocols phase."])
+
+
 def sections(document: Mapping[str, Any]) -> list[Section]:
     targets = document["targets"]
     phases = document.get("phases") or {}
     found = [_routing_section(targets), _budget_section(targets)]
     builders = {"observability": _observability_section, "inprocess": _inprocess_section,
                 "workers": _workers_section, "streams": _streams_section,
-                "protocols": _protocols_section, "budget": _budget_phase_section}
+                "protocols": _protocols_section, "translation": _translation_section,
+                "budget": _budget_phase_section}
     for name, build in builders.items():
         if name in phases:
             found.append(build(phases[name]))

@@ -1,9 +1,11 @@
 """``python -m bench.run``: the whole comparison in one command.
 
     python -m bench.run [--quick] [--targets direct,serve,serve-budget,sidecar-reverse,...]
-                        [--phases observability,inprocess,workers,streams,protocols,budget]
+                        [--phases observability,inprocess,workers,streams,protocols,
+                                  translation,budget]
                         [--streams N] [--stream-seconds S]
                         [--protocol-streams N] [--protocol-seconds S] [--protocol-rounds R]
+                        [--translation-streams N]
                         [--out bench/results] [--soak SECONDS] [--no-pin] [--python-client]
 
 Starts the fake upstream, creates a gateway key, then starts, measures and stops each target
@@ -83,6 +85,9 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--protocol-rounds", type=int, default=None, metavar="R",
                         help="rounds of chat, messages and responses in the protocols phase "
                              "(default 5; --quick 1)")
+    parser.add_argument("--translation-streams", type=int, default=None, metavar="N",
+                        help="streams of each leg at once in the translation phase (default "
+                             "100; --quick 40); it takes --protocol-seconds and -rounds")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help="where the JSON, PNG and Markdown go (default bench/results)")
     parser.add_argument("--soak", type=float, default=0.0, metavar="SECONDS",
@@ -112,7 +117,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--streams must be at least 1")
     if args.stream_seconds is not None and args.stream_seconds < 0.5:
         parser.error("--stream-seconds must be at least 0.5")
-    for name in ("protocol_streams", "protocol_rounds"):
+    for name in ("protocol_streams", "protocol_rounds", "translation_streams"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.protocol_seconds is not None and args.protocol_seconds < 3:
@@ -166,7 +171,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         plan = dataclasses.replace(plan, streams=args.streams)
     if args.stream_seconds is not None:
         plan = dataclasses.replace(plan, stream_seconds=args.stream_seconds)
-    for name in ("protocol_streams", "protocol_seconds", "protocol_rounds"):
+    for name in ("protocol_streams", "protocol_seconds", "protocol_rounds",
+                 "translation_streams"):
         if getattr(args, name) is not None:
             plan = dataclasses.replace(plan, **{name: getattr(args, name)})
     fd_limit = raise_fd_limit()  # thousands of streams: the children inherit it too

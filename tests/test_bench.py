@@ -19,7 +19,7 @@ from bench.goals import check_goals
 from bench.loadgen import Budget, PythonGenerator, parse_hey_output
 from bench.paced_upstream import stream_events
 from bench.pngcanvas import Canvas
-from bench.protocols import summarize
+from bench.protocols import UNTRANSLATED, summarize
 from bench.report import markdown_table, render_markdown, render_text, table_rows
 from bench.run import parse_arguments
 from bench.streams import MARKERS, StreamShape, hold_streams, protocol_payload, stream_payload
@@ -72,7 +72,7 @@ def test_quick_run_prints_the_table_and_writes_json_png_and_markdown(tmp_path):
     assert document["machine"]["cpus"] >= 1 and document["machine"]["python"]
     assert list(document["targets"]) == targets
     assert list(document["phases"]) == ["observability", "inprocess", "workers", "streams",
-                                        "protocols", "budget"]
+                                        "protocols", "translation", "budget"]
     protocols = document["phases"]["protocols"]
     assert protocols["status"] == "ok", protocols
     assert list(protocols["legs"]) == ["chat", "chat-again", "messages", "responses"]
@@ -82,6 +82,24 @@ def test_quick_run_prints_the_table_and_writes_json_png_and_markdown(tmp_path):
         assert leg["frames_per_stream"] == protocols["chunks"] + framing[leg["protocol"]], leg
         assert leg["whole_us_per_event"] > 0, leg
     assert protocols["legs"]["messages"]["whole_ratio_to_chat"] > 0
+    # Each caller protocol untranslated and translated (its alias's only target speaks
+    # another): the caller's own framing, every content event, a ratio to the untranslated.
+    translation = document["phases"]["translation"]
+    assert translation["status"] == "ok", translation
+    assert list(translation["legs"]) == ["chat", "chat->messages", "messages",
+                                         "messages->chat", "responses", "responses->chat"]
+    assert translation["models"]["messages->chat"] == "gpt-chat"
+    for name, leg in translation["legs"].items():
+        assert leg["errors"] == 0, (name, leg)
+        assert leg["protocol"] == name.partition("->")[0]
+        assert leg["frames_per_stream"] == translation["chunks"] + framing[leg["protocol"]], leg
+        assert leg["whole_us_per_event"] > 0, leg
+        if "->" in name:
+            assert leg["baseline"] == leg["protocol"]
+            assert leg["steady_ratio_to_untranslated"] > 0
+            assert leg["whole_ratio_to_untranslated"] > 0
+        else:
+            assert "steady_ratio_to_untranslated" not in leg
     budget = document["targets"].pop("serve-budget")
     if redis_problem is None:
         assert budget["status"] == "ok", budget
@@ -102,6 +120,8 @@ def test_quick_run_prints_the_table_and_writes_json_png_and_markdown(tmp_path):
     # Too few streams in a quick run to say anything about the 128-stream goal.
     assert goals["serve: paced streams held at once"]["met"] is None
     assert goals["messages via serve: CPU per relayed event / chat's"]["met"] is None
+    translated = goals["messages->chat via serve: CPU per event / untranslated's"]
+    assert translated["measured"] is not None and translated["met"] is None
     paired = document["phases"]["budget"]
     if redis_problem is None:
         assert paired["status"] == "ok", paired
@@ -310,6 +330,22 @@ def _synthetic_protocols() -> dict:
             **summarize(rounds, ["chat", "chat-again", "messages", "responses"])}
 
 
+def _synthetic_translation() -> dict:
+    def leg(steady: float) -> dict:
+        return {"ok": 100, "errors": 0, "frames_per_stream": 205.0,
+                "steady_us_per_event": steady, "whole_us_per_event": steady * 1.2,
+                "whole_us_per_frame": steady, "per_stream_us": 1000.0,
+                "target_cpu_share": 0.1}
+
+    names = ["chat", "chat->messages", "messages", "messages->chat", "responses",
+             "responses->chat"]
+    rounds = [dict(zip(names, map(leg, (80.0, 100.0, 80.0, 120.0, 90.0, 140.0)), strict=True)),
+              dict(zip(names, map(leg, (60.0, 78.0, 60.0, 96.0, 70.0, 112.0)), strict=True))]
+    return {"status": "ok", "streams": 100, "seconds": 20.0, "delay_ms": 100, "chunks": 200,
+            "rounds_run": 2, "models": {"messages->chat": "gpt-chat"},
+            **summarize(rounds, names, UNTRANSLATED, "untranslated")}
+
+
 def _synthetic_phases(streams: int = 5000, seconds: float = 30.0) -> dict:
     def stream_step(count: int, rss: float, added_p99: float | None) -> dict:
         step = {"streams": count, "open_in_window": count, "streaming_in_window": count,
@@ -339,6 +375,7 @@ def _synthetic_phases(streams: int = 5000, seconds: float = 30.0) -> dict:
                     "ratio": 1.7},
         "inprocess": {"status": "unavailable", "reason": "no engine"},
         "protocols": _synthetic_protocols(),
+        "translation": _synthetic_translation(),
         "streams": {
             "status": "ok", "streams": streams, "seconds": seconds, "delay_ms": 100,
             "chunks": int(seconds * 10), "steps": levels,
@@ -414,6 +451,14 @@ def test_phase_goals_are_judged_only_at_their_scale():
     assert goals["messages via serve: CPU per relayed event / chat's"]["met"] is True
     assert goals["responses via serve: CPU per relayed event / chat's"]["met"] is False
     assert goals["responses via serve: CPU per relayed event / chat's"]["measured"] == 1.25
+    # Translated over untranslated: chat->messages 1.25 and 1.3 (median 1.275), messages->chat
+    # 1.5 and 1.6 (median 1.55, over), responses->chat 1.556 and 1.6.
+    translated = {leg: goals[f"{leg} via serve: CPU per event / untranslated's"]
+                  for leg in ("chat->messages", "messages->chat", "responses->chat")}
+    assert translated["chat->messages"]["measured"] == 1.275
+    assert translated["chat->messages"]["met"] is True
+    assert translated["messages->chat"]["measured"] == 1.55
+    assert [goal["met"] for goal in translated.values()] == [True, False, False]
 
     # A gateway that could not serve every stream: its survivors' figures are not judged.
     saturated = _synthetic_phases()
@@ -461,6 +506,8 @@ def test_report_has_a_section_per_phase_in_text_and_markdown():
     assert "sidecar-reverse: failed: it crashed" in text
     assert "Protocols: CPU per relayed event through serve, 200 streams" in text
     assert "1.100 (1.050-1.150)" in text
+    assert "Translation: CPU per relayed event through serve, 100 streams" in text
+    assert "messages->chat   gpt-chat" in text and "1.550 (1.500-1.600)" in text
     markdown = render_markdown(document)
     assert "**serve --workers 2 against one worker" in markdown
     assert "| serve | 5000 | 5000 |" in markdown
@@ -483,6 +530,7 @@ def test_arguments_choose_phases_and_scale_the_streams():
                             "--stream-seconds", "2"])
     assert args.phase_names == ["streams"] and (args.streams, args.stream_seconds) == (50, 2.0)
     assert parse_arguments(["--phases", "none"]).phase_names == []
+    assert parse_arguments(["--translation-streams", "60"]).translation_streams == 60
     default = parse_arguments([])
     assert "serve-legacy" not in default.target_names and "serve-budget" in default.target_names
     with pytest.raises(SystemExit):
