@@ -84,6 +84,9 @@ def translating_routes(claude_url: str, gpt_url: str, venice_url: str,
             "gpt": {"targets": [{"provider": "openai", "model": GPT}]},
             "open": {"targets": [{"provider": "venice", "model": OPEN_MODEL}]},
             "gemini": {"targets": [{"provider": "google", "model": GEMINI_MODEL}]},
+            "gemini-first": {"targets": [
+                {"provider": "google", "model": GEMINI_MODEL, "priority": 0},
+                {"provider": "venice", "model": OPEN_MODEL, "priority": 1}]},
             "resilient": {"targets": [{"provider": "anthropic", "model": CLAUDE, "priority": 0},
                                       {"provider": "venice", "model": OPEN_MODEL,
                                        "priority": 1}]},
@@ -400,3 +403,17 @@ def test_embeddings_to_gemini(on: AgentSurface) -> None:
     assert (record.protocol, record.provider, record.status, record.error_code) == (
         "embeddings", "google", 200, None)
     assert record.tokens_estimated and record.prompt_tokens == answer.usage.prompt_tokens
+
+
+@pytest.mark.parametrize("status", [503, 429])
+def test_a_gemini_outage_fails_over_to_a_chat_target(on: AgentSurface, status: int) -> None:
+    """Gemini's UNAVAILABLE (503) and RESOURCE_EXHAUSTED (429) are HTTP statuses the relay's
+    rules already know: the next target serves, in the caller's protocol."""
+    gemini(on).push_fault(Fault(status=status, shape="gemini", times=5))
+    client = on.anthropic(on.key())
+    message = client.messages.create(model="gemini-first", max_tokens=200,
+                                     messages=HELLO)  # type: ignore[arg-type]
+    assert message.content[0].text == REPLY  # type: ignore[union-attr]
+    [record] = on.finished.wait_for(1)
+    assert (record.provider, record.status, record.error_code) == ("venice", 200, None)
+    assert record.attempts == 2 and len(gemini(on).requests) == 1
