@@ -84,6 +84,34 @@ def tags_of(header: str) -> dict[str, str] | str:
     return tags
 
 
+def metadata_tags(metadata: object) -> dict[str, str]:
+    """The string pairs of a body's ``metadata`` (Responses, chat) that fit a tag's bounds,
+    at most MAX_TAGS: the record's tags beside the header's. A pair that does not fit is
+    left off the record, never refused: the metadata is the protocol's, for the provider."""
+    if not isinstance(metadata, dict):
+        return {}
+    tags: dict[str, str] = {}
+    for key, value in metadata.items():
+        if len(tags) == MAX_TAGS:
+            break
+        if (isinstance(key, str) and isinstance(value, str) and len(key) <= TAG_KEY_CHARS
+                and _TAG_KEY.fullmatch(key)
+                and refusal(key, value, TAG_VALUE_CHARS) is None):
+            tags[key] = value
+    return tags
+
+
+def merged_tags(header: dict[str, str], metadata: dict[str, str]) -> dict[str, str]:
+    """A request's tags: the header's, then the metadata's it does not name, MAX_TAGS in
+    all (the header's are the caller's word about the gateway, so they win)."""
+    tags = dict(header)
+    for key, value in metadata.items():
+        if len(tags) >= MAX_TAGS:
+            break
+        tags.setdefault(key, value)
+    return tags
+
+
 def header_value(value: str) -> str:
     """``value`` fit for a response header whatever it holds: visible ASCII kept, anything
     else (space, CR, LF, any non-ASCII) percent-encoded as UTF-8."""

@@ -89,7 +89,8 @@ class Exchange:
         on_progress: ProgressSink | None = None,
     ) -> None:
         self.request = request
-        self.tags = tags or {}  # the caller's x-llm-gateway-tags, admitted (caller_text)
+        # Whom it is for: the caller's x-llm-gateway-tags (admitted), its body's tags and user.
+        self.tags, self.end_user = endpoint.protocol.attribution(tags or {}, payload)
         self.endpoint = endpoint
         self.key = key
         self.limit = limit
@@ -386,6 +387,7 @@ class Exchange:
             subject_id=self.key.subject_id, adapter=self.request.adapter,
             endpoint=self.endpoint.operation.name, protocol=self.protocol_name, model=self.model,
             stream=self.stream, status=0, started_at=self.started_wall, duration_ms=0.0,
+            trace_id=self.trace.trace_id, tags=self.tags, end_user=self.end_user,
         )
 
     def finish(self, *, client_disconnected: bool = False) -> UsageRecord | None:
@@ -419,7 +421,8 @@ class Exchange:
             provider=self.target.provider if self.target else "",
             upstream_model=self.target.model if self.target and self.target.model else None,
             error_code=self.error_code, error_message=self.error_message,
-            attempts=self.attempts, trace_id=self.trace.trace_id,
+            attempts=self.attempts, trace_id=self.trace.trace_id, tags=self.tags,
+            end_user=self.end_user,
         )
         if self.response_started_at is not None:
             record.ttfb_ms = (self.response_started_at - self.started) * 1000

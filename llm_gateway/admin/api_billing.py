@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response
 
-from llm_gateway.admin import schemas
+from llm_gateway.admin import schemas, schemas_usage
 from llm_gateway.admin.api_common import ERROR_RESPONSES, Service
 from llm_gateway.admin.common import parse_time
 from llm_gateway.admin.service import OPTIONAL_RATES, budget_fields, price_fields
@@ -94,6 +94,16 @@ async def usage(
                       reverse=True)[:top]
     return {"available": rows is not None, "by": groups, "since": start, "until": end,
             "rows": [_jsonable_row(row) for row in rows or []]}
+
+
+@router.get("/usage/{request_id}", response_model=schemas_usage.UsageRequests,
+            summary="One request's record, by its x-request-id or x-trace-id (404: none)")
+async def usage_of_request(
+    service: Service,
+    request_id: Annotated[schemas.Name, Path(
+        description="the x-request-id or x-trace-id the client got")],
+) -> dict[str, Any]:
+    return {"id": request_id, "records": await service.usage_of(request_id)}
 
 
 def _jsonable_row(row: dict[str, Any]) -> dict[str, Any]:

@@ -32,8 +32,10 @@ from llm_gateway.admin.common import (
     month_start,
     whole_number,
 )
+from llm_gateway.billing.lookup import find_requests
 from llm_gateway.billing.model import Budget, BudgetScope, OverCap, Price, money
 from llm_gateway.billing.reports import GROUPS as REPORT_GROUPS
+from llm_gateway.billing.reports import is_group
 from llm_gateway.keys import KeyRecord
 
 # A price's rates that may be left unset (Price says what each then falls back to), with
@@ -198,7 +200,7 @@ class BillingOps(ServiceBase):
                     latency: bool = True) -> list[dict[str, Any]] | None:
         """Rows of the billing report, or None while there is no report to ask
         (``latency=False``: without the percentiles, which cost most of it)."""
-        if not by or any(name not in REPORT_GROUPS for name in by):
+        if not by or not all(is_group(name) for name in by):
             raise Invalid(f"by: expected some of {', '.join(REPORT_GROUPS)}, got "
                           f"{', '.join(by) or 'nothing'}")
         if since is not None and until is not None and until < since:
@@ -208,6 +210,13 @@ class BillingOps(ServiceBase):
             return None
         rows = report(self.store, by, since, until, latency=latency)
         return list(await rows if inspect.isawaitable(rows) else rows)
+
+    async def usage_of(self, request_or_trace_id: str) -> list[dict[str, Any]]:
+        """The records of a request id or trace id (``request_view``'s), else NotFound."""
+        found = await find_requests(self.store, request_or_trace_id)
+        if not found:
+            raise NotFound(f"no request has the id {request_or_trace_id!r}")
+        return found
 
     async def spend(self, by: str) -> dict[str, dict[str, dict[str, Any]]]:
         """What each key id or subject spent this month and today, from one report:

@@ -4,7 +4,9 @@ It says who (key, subject), what (the client protocol, the model as the caller n
 the provider and the upstream model that answered, stream or not), how it went (status,
 error code and the start of its message, timings, attempts) and what it cost (tokens,
 whether they were estimated, USD from the gateway's price table, and the provider's own
-figure beside it). Never prompt or completion text. Money is Decimal; times are Unix
+figure beside it), and whom it was for: the caller's ``tags`` (``x-llm-gateway-tags``,
+and a Responses request's ``metadata``) and the ``end_user`` its body names. Never prompt
+or completion text. Money is Decimal; times are Unix
 seconds.
 
 Tokens compare across providers: ``prompt_tokens`` counts every input token, those read
@@ -32,7 +34,7 @@ USAGE_COLUMNS = (
     "cache_read_tokens", "cache_write_tokens", "cache_write_1h_tokens", "reasoning_tokens",
     "tokens_estimated", "cost_usd", "provider_cost_usd", "provider_cost_diem", "duration_ms",
     "ttfb_ms", "first_chunk_ms", "max_gap_ms", "attempts", "response_id", "finish_reasons",
-    "trace_id",
+    "trace_id", "tags", "end_user",
 )
 # The spool's fields under the names an earlier version wrote them with: a spool written
 # before an upgrade is replayed after it.
@@ -76,6 +78,8 @@ class UsageRecord:
     max_gap_ms: float | None = None  # longest pause between SSE events
     attempts: int = 1
     trace_id: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)  # admitted by caller_text
+    end_user: str | None = None  # ``user`` (chat, Responses), ``metadata.user_id`` (Messages)
 
     @property
     def ended_at(self) -> float:

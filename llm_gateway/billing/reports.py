@@ -1,8 +1,9 @@
 """Usage reports: requests, errors, tokens (of them cache reads, cache writes and
 reasoning), cost and latency percentiles, grouped by key, subject, protocol, model,
-provider or day, over a time range. One query for both stores (the
-dialects differ in placeholders, day arithmetic and how money is stored), aggregated in
-the database so a report over millions of rows moves only its groups."""
+provider, day, end user or a tag's value (``tag:feature``), over a time range. One query
+for both stores (the dialects differ in placeholders, day arithmetic, JSON and how money
+is stored), aggregated in the database so a report over millions of rows moves only its
+groups."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-GROUPS = ("key", "subject", "protocol", "model", "provider", "day")
+GROUPS = ("key", "subject", "protocol", "model", "provider", "day", "end_user", "tag:KEY")
+TAG_GROUP = "tag:"
+# A tag's key as caller_text admits it: what a tag group names goes into the SQL as it is.
+_TAG_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 MONEY_UNITS = Decimal(10) ** 10  # SQLite keeps money as integer counts of 1e-10 USD
 # The token columns a report sums, in its order.
 TOKEN_SUMS = ("prompt_tokens", "completion_tokens", "total_tokens", "cache_read_tokens",
@@ -34,6 +38,13 @@ class ReportError(ValueError):
     """A report that cannot be asked for; str() says why."""
 
 
+def is_group(name: str) -> bool:
+    """Whether a report can be grouped by ``name`` (one of GROUPS, a tag as tag:KEY)."""
+    if name.startswith(TAG_GROUP):
+        return _TAG_KEY.fullmatch(name[len(TAG_GROUP):]) is not None
+    return name in GROUPS and name != "tag:KEY"
+
+
 def _group_columns(by: Sequence[str], dialect: str) -> list[tuple[str, str]]:
     """(output name, SQL expression) per grouping field."""
     day = ("date(started_at, 'unixepoch')" if dialect == "sqlite"
@@ -43,9 +54,15 @@ def _group_columns(by: Sequence[str], dialect: str) -> list[tuple[str, str]]:
         "subject": [("subject", "subject_id")], "protocol": [("protocol", "protocol")],
         "model": [("model", "model")],
         "provider": [("provider", "provider")], "day": [("day", day)],
+        "end_user": [("end_user", "end_user")],
     }
     columns: list[tuple[str, str]] = []
     for field in by:
+        if field.startswith(TAG_GROUP) and _TAG_KEY.fullmatch(key := field[len(TAG_GROUP):]):
+            # A record without the tag is in the group of NULL (no value).
+            columns.append((field, f"json_extract(tags, '$.\"{key}\"')" if dialect == "sqlite"
+                            else f"tags ->> '{key}'"))
+            continue
         if field not in expressions:
             raise ReportError(f"cannot group by {field!r}; by one of {', '.join(GROUPS)}")
         columns += expressions[field]
@@ -63,8 +80,9 @@ def report_sql(by: Sequence[str], dialect: str, since: float | None,
         if bound is not None:
             where.append(f"started_at {operator} {mark}")
             params.append(bound if dialect == "sqlite" else datetime.fromtimestamp(bound, UTC))
-    names = ", ".join(name for name, _ in columns)
-    selected = ", ".join(f"{expression} AS {name}" for name, expression in columns)
+    # Quoted: a tag's group is named as it was asked for (tag:feature).
+    names = ", ".join(f'"{name}"' for name, _ in columns)
+    selected = ", ".join(f'{expression} AS "{name}"' for name, expression in columns)
     sums = ", ".join((
         "count(*)", "sum(CASE WHEN status >= 400 OR error_code IS NOT NULL THEN 1 ELSE 0 END)",
         *(f"sum({column})" for column in (*TOKEN_SUMS, *MONEY_SUMS))))
@@ -107,7 +125,7 @@ def report_sql(by: Sequence[str], dialect: str, since: float | None,
         sql = f"""SELECT report.*, gateway_keys.name
                   FROM ({sql}) AS report
                   LEFT JOIN gateway_keys ON {key_id} = report.key_id
-                  ORDER BY {", ".join(f"report.{name}" for name, _ in columns)}"""
+                  ORDER BY {", ".join(f'report."{name}"' for name, _ in columns)}"""
     return sql, params
 
 

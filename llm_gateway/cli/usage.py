@@ -10,8 +10,9 @@ import sys
 import time
 from typing import Any
 
+from llm_gateway.billing.lookup import find_requests, render_requests
 from llm_gateway.billing.reports import GROUPS, ReportError, render, usage_report
-from llm_gateway.cli.common import EXIT_CONFIG, settings_from, with_store
+from llm_gateway.cli.common import EXIT_CONFIG, EXIT_FAILED, settings_from, with_store
 from llm_gateway.keys import parse_duration
 from llm_gateway.stores import Store
 
@@ -21,11 +22,18 @@ def register(commands: Any) -> None:
         dest="usage_command", required=True)
     report = usage.add_parser("report", help="requests, tokens, cost, errors, latency")
     report.add_argument("--by", default="key",
-                        help=f"group by one or more of {', '.join(GROUPS)} (comma-separated)")
+                        help=f"group by one or more of {', '.join(GROUPS)} (comma-separated; "
+                        "tag:feature groups by the value of the tag feature)")
     report.add_argument("--since", help="ISO 8601 date or time (UTC), or a duration ago: 7d")
     report.add_argument("--until", help="ISO 8601 date or time (UTC), or a duration ago")
     report.add_argument("--format", choices=("table", "csv", "json"), default="table")
     report.set_defaults(handler=cmd_usage_report)
+    show = usage.add_parser(
+        "show", help="one request's record(s), by its x-request-id or x-trace-id")
+    show.add_argument("request_id", metavar="REQUEST_ID",
+                      help="the x-request-id or x-trace-id the client got")
+    show.add_argument("--format", choices=("table", "json"), default="table")
+    show.set_defaults(handler=cmd_usage_show)
     partitions = usage.add_parser(
         "partitions", help="Postgres: create day partitions ahead, drop those past retention")
     partitions.add_argument("--ahead", type=int, default=7, metavar="DAYS")
@@ -56,6 +64,17 @@ def cmd_usage_report(args: argparse.Namespace) -> int:
         print(f"llm-gateway usage report: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     print(render(report, args.format))
+    return 0
+
+
+def cmd_usage_show(args: argparse.Namespace) -> int:
+    views = asyncio.run(with_store(
+        settings_from(args), lambda store: find_requests(store, args.request_id)))
+    if not views:
+        print(f"llm-gateway usage show: no request has the id {args.request_id!r}",
+              file=sys.stderr)
+        return EXIT_FAILED
+    print(json.dumps(views, indent=2) if args.format == "json" else render_requests(views))
     return 0
 
 

@@ -99,6 +99,23 @@ class OpenAICompatible:
                 f"'n' must be an integer from 1 to {MAX_CHOICES} when present.")
         return check_stream_and_caps(payload, self.cap_fields)
 
+    def attribution(self, header_tags: dict[str, str],
+                    payload: dict | None) -> tuple[dict[str, str], str | None]:
+        """The record's tags (the header's, then the body's) and end user."""
+        if not payload:
+            return header_tags, None
+        return (caller_text.merged_tags(header_tags, self.body_tags(payload)),
+                self.end_user(payload))
+
+    def end_user(self, payload: dict) -> str | None:
+        """The end user the body names (admitted by ``check``), for the record."""
+        user = payload.get("user")
+        return user if isinstance(user, str) and user else None
+
+    def body_tags(self, payload: dict) -> dict[str, str]:
+        """Tags the body carries (a protocol's ``metadata``), for the record."""
+        return {}
+
     def output_cap(self, payload: dict) -> int | None:
         """The output cap the caller asked for (per choice), if any."""
         for cap in self.cap_fields:

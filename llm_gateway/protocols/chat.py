@@ -5,6 +5,7 @@ usage asked for, foreign fields refused before the call)."""
 
 from __future__ import annotations
 
+from llm_gateway import caller_text
 from llm_gateway.errors import Rejection
 from llm_gateway.protocols.base import OpenAICompatible, check_messages
 from llm_gateway.providers import Profile
@@ -17,6 +18,9 @@ class Chat(OpenAICompatible):
 
     def check(self, payload: dict) -> Rejection | None:
         return super().check(payload) or check_messages(payload)
+
+    def body_tags(self, payload: dict) -> dict[str, str]:
+        return caller_text.metadata_tags(payload.get("metadata"))
 
     def prompt_tokens(self, payload: dict) -> int:
         return estimate_messages(payload["messages"])

@@ -56,6 +56,11 @@ class Messages(OpenAICompatible):
                 or check_user("metadata.user_id",
                               metadata.get("user_id") if isinstance(metadata, dict) else None))
 
+    def end_user(self, payload: dict) -> str | None:
+        metadata = payload.get("metadata")
+        user = metadata.get("user_id") if isinstance(metadata, dict) else None
+        return user if isinstance(user, str) and user else None
+
     def choices(self, payload: dict) -> int:
         return 1
 

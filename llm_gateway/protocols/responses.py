@@ -47,6 +47,9 @@ class Responses(OpenAICompatible):
             return errors.invalid_request_body("'previous_response_id' must be a response id.")
         return None
 
+    def body_tags(self, payload: dict) -> dict[str, str]:
+        return caller_text.metadata_tags(payload.get("metadata"))
+
     def choices(self, payload: dict) -> int:
         return 1
 

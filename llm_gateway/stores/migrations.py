@@ -851,4 +851,24 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX response_owners_expires ON response_owners (expires_at);
         """,
     ),
+    Migration(
+        10,
+        "usage records with the caller's tags and end user; found by trace id",
+        # Tags are a JSON object (at most caller_text.MAX_TAGS pairs), grouped by a key in
+        # reports; the end user is the body's ``user`` / ``metadata.user_id``. ``usage
+        # show`` finds a request by its request id (the primary key's first column) or its
+        # trace id, which this indexes. On Postgres the index on the partitioned table is
+        # made on every day's partition, and partitions made later get their own.
+        sqlite="""
+        ALTER TABLE usage_records ADD COLUMN tags TEXT NOT NULL DEFAULT '{}';
+        ALTER TABLE usage_records ADD COLUMN end_user TEXT;
+        CREATE INDEX usage_records_trace ON usage_records (trace_id);
+        """,
+        postgres="""
+        ALTER TABLE usage_records
+            ADD COLUMN tags JSONB NOT NULL DEFAULT '{}',
+            ADD COLUMN end_user TEXT;
+        CREATE INDEX usage_records_trace ON usage_records (trace_id);
+        """,
+    ),
 )

@@ -10,6 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from llm_gateway.billing.records import USAGE_COLUMNS, UsageRecord
 
@@ -31,7 +32,7 @@ def partition_name(day: date) -> str:
 
 # How a record's field is kept in its column, where it is not kept as it is.
 _TO_COLUMN: dict[str, Callable[[Any], Any]] = {
-    "started_at": _moment, "ended_at": _moment, "finish_reasons": list,
+    "started_at": _moment, "ended_at": _moment, "finish_reasons": list, "tags": Jsonb,
 }
 
 
@@ -128,6 +129,17 @@ class UsagePostgresMixin:
         async with self.connection() as conn:
             cursor = await conn.execute(
                 f"SELECT {_COLUMNS} FROM usage_records ORDER BY started_at")
+            rows = await cursor.fetchall()
+        return [_record(row) for row in rows]
+
+    async def usage_of(self, request_or_trace_id: str) -> list[UsageRecord]:
+        """The records of a request id or a trace id (both indexed, on every partition),
+        oldest first."""
+        async with self.connection() as conn:
+            cursor = await conn.execute(
+                f"SELECT {_COLUMNS} FROM usage_records WHERE request_id = %s "
+                f"OR trace_id = %s ORDER BY started_at",
+                (request_or_trace_id, request_or_trace_id))
             rows = await cursor.fetchall()
         return [_record(row) for row in rows]
 

@@ -25,7 +25,7 @@ def from_units(units: int | None) -> Decimal | None:
 
 # How a record's field is kept in its column, where it is not kept as it is.
 _TO_COLUMN: dict[str, Callable[[Any], Any]] = {
-    "stream": int, "tokens_estimated": int, "finish_reasons": json.dumps,
+    "stream": int, "tokens_estimated": int, "finish_reasons": json.dumps, "tags": json.dumps,
     "cost_usd": to_units, "provider_cost_usd": to_units, "provider_cost_diem": to_units,
 }
 
@@ -44,6 +44,7 @@ def _record(row: tuple[Any, ...]) -> UsageRecord:
     values["stream"] = bool(values["stream"])
     values["tokens_estimated"] = bool(values["tokens_estimated"])
     values["finish_reasons"] = json.loads(values["finish_reasons"])
+    values["tags"] = json.loads(values["tags"])
     for name in ("cost_usd", "provider_cost_usd", "provider_cost_diem"):
         values[name] = from_units(values[name])
     return UsageRecord(**values)
@@ -77,6 +78,14 @@ class UsageSqliteMixin:
         rows = await self._run(lambda db: db.execute(
             f"SELECT {_COLUMNS} FROM usage_records ORDER BY started_at"
         ).fetchall())
+        return [_record(row) for row in rows]
+
+    async def usage_of(self, request_or_trace_id: str) -> list[UsageRecord]:
+        """The records of a request id or a trace id (both indexed), oldest first."""
+        rows = await self._run(lambda db: db.execute(
+            f"SELECT {_COLUMNS} FROM usage_records WHERE request_id = ? "
+            f"UNION SELECT {_COLUMNS} FROM usage_records WHERE trace_id = ? "
+            "ORDER BY started_at", (request_or_trace_id, request_or_trace_id)).fetchall())
         return [_record(row) for row in rows]
 
     async def usage_rows(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
