@@ -32,6 +32,7 @@ from llm_gateway.auth import Authenticator
 from llm_gateway.billing.ledger import Owner
 from llm_gateway.billing.metering import UsageWriter
 from llm_gateway.billing.model import Price
+from llm_gateway.billing.prices import merge_prices
 from llm_gateway.billing.quotas import (
     BudgetLimits,
     BudgetsUnavailable,
@@ -236,10 +237,7 @@ class Gateway:
         """The price table: the settings file's seed, and the store's (which wins)."""
         stored = getattr(self.store, "prices", None)
         from_store = await stored() if stored is not None else []
-        known = {(p.provider, p.model, p.effective_from) for p in from_store}
-        seeded = [p for p in self.seed_prices
-                  if (p.provider, p.model, p.effective_from) not in known]
-        self.quotas.prices.replace([*seeded, *from_store])
+        self.quotas.prices.replace(merge_prices(self.seed_prices, from_store))
 
     async def _flush_touches(self) -> None:
         touches = self.auth.take_touches()

@@ -116,7 +116,8 @@ def test_prices_and_budgets(tmp_path: Path) -> None:
     assert prices == [{"provider": "venice", "model": "llama-3.3-70b", "input_per_mtok": "0.70",
                        "output_per_mtok": "2.80", "cached_input_per_mtok": "0.35",
                        "cache_write_per_mtok": None, "cache_write_1h_per_mtok": None,
-                       "effective_from": 1735689600.0}]
+                       "effective_from": 1735689600.0, "source": "operator",
+                       "long_context_above": None, "long_context": None}]
     # Money is exact: 0.1 + 0.2 stays 0.3 (a float would not).
     cli("prices", "set", "--provider", "p", "--model", "m", "--input", "0.1000000001",
         "--output", "0.3", database_url=url)

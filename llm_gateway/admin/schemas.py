@@ -277,6 +277,11 @@ class Price(BaseModel):
     cache_write_per_mtok: Money | None
     cache_write_1h_per_mtok: Money | None
     effective_from: float
+    source: str = Field(default="operator", description="operator, provider or catalogue: "
+                        "an operator's price in force outranks the others")
+    long_context_above: int | None = Field(
+        default=None, description="a prompt of more prompt tokens is billed at long_context")
+    long_context: dict[str, Money | None] | None = None
 
 
 class UsageRow(BaseModel):

@@ -33,7 +33,7 @@ from llm_gateway.admin.common import (
     whole_number,
 )
 from llm_gateway.billing.lookup import find_requests
-from llm_gateway.billing.model import Budget, BudgetScope, OverCap, Price, money
+from llm_gateway.billing.model import RATE_FIELDS, Budget, BudgetScope, OverCap, Price, money
 from llm_gateway.billing.reports import GROUPS as REPORT_GROUPS
 from llm_gateway.billing.reports import is_group
 from llm_gateway.keys import KeyRecord
@@ -72,7 +72,10 @@ def price_fields(price: Price) -> dict[str, Any]:
         "input_per_mtok": jsonable(price.input_per_mtok),
         "output_per_mtok": jsonable(price.output_per_mtok),
         **{name: jsonable(getattr(price, name)) for name in OPTIONAL_RATES},
-        "effective_from": price.effective_from,
+        "effective_from": price.effective_from, "source": price.source.value,
+        "long_context_above": price.long_context_above,
+        "long_context": None if price.long_context is None else {
+            name: jsonable(getattr(price.long_context, name)) for name in RATE_FIELDS},
     }
 
 
@@ -139,6 +142,13 @@ class BillingOps(ServiceBase):
 
     async def prices(self) -> list[Price]:
         return await self.store.prices()
+
+    async def sync_price(self, price: Price, before: Price | None) -> None:
+        """Write a catalogue or provider price ``prices sync`` found (the store never lets
+        one replace an operator's)."""
+        await self.store.set_price(price, audit=self.event(
+            "price.sync", f"price:{price.provider}/{price.model}",
+            None if before is None else price_fields(before), price_fields(price)))
 
     # ---- budgets --------------------------------------------------------------------
 

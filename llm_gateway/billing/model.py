@@ -20,12 +20,25 @@ def money(value: Decimal | str | int) -> Decimal:
     return Decimal(value).quantize(MONEY_PLACES)
 
 
+class PriceSource(StrEnum):
+    """Who set a price, in order of rank: at lookup an operator's price in force outranks
+    the provider's published one, which outranks the catalogue's, whatever their dates."""
+
+    OPERATOR = "operator"  # prices set, the admin API, the settings file's prices:
+    PROVIDER = "provider"  # the provider's own model list (prices sync: Venice's /models)
+    CATALOGUE = "catalogue"  # the genai-prices dataset (prices sync)
+
+
 @dataclass(frozen=True, slots=True)
 class Price:
     """USD per million tokens for one provider's model, in force from ``effective_from``
-    until the next price of the same model. A rate left None falls back: cache reads and
-    cache writes to the input rate, 1-hour cache writes to the (5-minute) cache-write rate,
-    else to the input rate (the ``*_rate`` properties say which applies)."""
+    until the next price of the same model and source. A rate left None falls back: cache
+    reads and cache writes to the input rate, 1-hour cache writes to the (5-minute)
+    cache-write rate, else to the input rate (the ``*_rate`` properties say which applies).
+
+    ``long_context``: the rates of a prompt of more than ``long_context_above`` tokens
+    (cache reads and writes included), which apply to all of its tokens, as the providers
+    bill a long context (a cliff, not a marginal rate)."""
 
     provider: str
     model: str  # the upstream model, as the provider names it
@@ -35,6 +48,16 @@ class Price:
     cached_input_per_mtok: Decimal | None = None  # prompt tokens read from the cache
     cache_write_per_mtok: Decimal | None = None  # prompt tokens written to the cache
     cache_write_1h_per_mtok: Decimal | None = None  # of them, those kept for an hour
+    source: PriceSource = PriceSource.OPERATOR
+    long_context_above: int | None = None  # prompt tokens
+    long_context: Price | None = None  # its rates (provider, model, moment: this one's)
+
+    def rates_for(self, prompt_tokens: int) -> Price:
+        """The price whose rates bill a prompt of this many tokens."""
+        if (self.long_context is not None and self.long_context_above is not None
+                and prompt_tokens > self.long_context_above):
+            return self.long_context
+        return self
 
     @property
     def cache_read_rate(self) -> Decimal:
@@ -47,6 +70,27 @@ class Price:
     @property
     def cache_write_1h_rate(self) -> Decimal:
         return _first(self.cache_write_1h_per_mtok, self.cache_write_rate)
+
+
+# A price's rates in the order the stores keep them (the long-context ones likewise).
+RATE_FIELDS = ("input_per_mtok", "output_per_mtok", "cached_input_per_mtok",
+               "cache_write_per_mtok", "cache_write_1h_per_mtok")
+
+
+def rates_of(price: Price | None) -> tuple[Decimal | None, ...]:
+    """A price's rates in RATE_FIELDS' order (None: all None)."""
+    return tuple(None if price is None else getattr(price, name) for name in RATE_FIELDS)
+
+
+def with_long_context(price: Price, above: int | None,
+                      rates: tuple[Decimal | None, ...]) -> Price:
+    """``price`` with the long-context rates a store row holds (none: as it is)."""
+    if above is None or rates[0] is None or rates[1] is None:
+        return price
+    from dataclasses import replace
+
+    tier = replace(price, **dict(zip(RATE_FIELDS, rates, strict=True)))
+    return replace(price, long_context_above=above, long_context=tier)
 
 
 def _first(rate: Decimal | None, otherwise: Decimal) -> Decimal:

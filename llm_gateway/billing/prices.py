@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
-from llm_gateway.billing.model import MILLION, Price, money
+from llm_gateway.billing.model import MILLION, Price, PriceSource, money
 
 log = logging.getLogger("llm_gateway.billing")
 
@@ -33,7 +33,9 @@ def cost_of(price: Price, *, prompt_tokens: int, completion_tokens: int,
     5-minute and 1-hour cache writes each at its own rate (``Price`` says which rate one
     left unset falls back to), the rest of the prompt at input, and every completion
     token, reasoning included, at output. A count the prompt cannot hold (a provider's
-    inconsistent report) is cut to what it can, so no token is billed twice."""
+    inconsistent report) is cut to what it can, so no token is billed twice. A prompt
+    above the price's long-context threshold is billed, all of it, at those rates."""
+    price = price.rates_for(prompt_tokens)
     read = min(cache_read_tokens, prompt_tokens)
     written = min(cache_write_tokens, prompt_tokens - read)
     written_1h = min(cache_write_1h_tokens, written)
@@ -45,17 +47,33 @@ def cost_of(price: Price, *, prompt_tokens: int, completion_tokens: int,
     return money(total / MILLION)
 
 
+# The order in which price_at asks each source (PriceSource says why).
+RANK = (PriceSource.OPERATOR, PriceSource.PROVIDER, PriceSource.CATALOGUE)
+_Key = tuple[str, str, PriceSource]
+
+
+def merge_prices(seeded: Iterable[Price], stored: Iterable[Price]) -> list[Price]:
+    """The settings file's seed and the store's table as one: a stored operator price of
+    the same model and moment replaces the seed's (the table was edited since); a
+    catalogue or provider row never does (operator prices always win)."""
+    stored = list(stored)
+    edited = {(p.provider, p.model, p.effective_from) for p in stored
+              if p.source is PriceSource.OPERATOR}
+    return [*(p for p in seeded if (p.provider, p.model, p.effective_from) not in edited),
+            *stored]
+
+
 class PriceBook:
-    """Every price this process knows, by (provider, model), in order of effect."""
+    """Every price this process knows, by (provider, model, source), in order of effect."""
 
     def __init__(self, prices: Iterable[Price] = ()) -> None:
-        self._by_model: dict[tuple[str, str], tuple[list[Price], list[float]]] = {}
+        self._by_model: dict[_Key, tuple[list[Price], list[float]]] = {}
         self.replace(prices)
 
     def replace(self, prices: Iterable[Price]) -> None:
-        by_model: dict[tuple[str, str], list[Price]] = {}
+        by_model: dict[_Key, list[Price]] = {}
         for price in prices:
-            by_model.setdefault((price.provider, price.model), []).append(price)
+            by_model.setdefault((price.provider, price.model, price.source), []).append(price)
         for history in by_model.values():
             history.sort(key=lambda price: price.effective_from)
         # With each history, its moments: price_at bisects them (every request asks).
@@ -63,12 +81,17 @@ class PriceBook:
                           for model, history in by_model.items()}
 
     def price_at(self, provider: str, model: str, at: float) -> Price | None:
-        found = self._by_model.get((provider, model))
-        if found is None:
-            return None
-        history, moments = found
-        index = bisect.bisect_right(moments, at) - 1
-        return history[index] if index >= 0 else None
+        """The price in force at ``at``: the latest of the best-ranked source that has one
+        in force (an operator's, else the provider's, else the catalogue's)."""
+        for source in RANK:
+            found = self._by_model.get((provider, model, source))
+            if found is None:
+                continue
+            history, moments = found
+            index = bisect.bisect_right(moments, at) - 1
+            if index >= 0:
+                return history[index]
+        return None
 
     def highest_output_price(self, targets: Iterable[tuple[str, str]], at: float) -> Price | None:
         """The dearest of these (provider, model) targets' prices: what a reservation must

@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
-from llm_gateway.billing.model import Budget, BudgetScope, OverCap, Price
+from llm_gateway.billing.model import (
+    Budget,
+    BudgetScope,
+    OverCap,
+    Price,
+    PriceSource,
+    rates_of,
+    with_long_context,
+)
 from llm_gateway.keys import KeyRecord
 from llm_gateway.stores.admin import (
     AdminTokenRecord,
@@ -32,7 +40,11 @@ def _epoch(column: str) -> str:
 
 
 _PRICE_SELECT = ("provider, model, input_per_mtok, output_per_mtok, cached_input_per_mtok, "
-                 "cache_write_per_mtok, cache_write_1h_per_mtok, " + _epoch("effective_from"))
+                 "cache_write_per_mtok, cache_write_1h_per_mtok, " + _epoch("effective_from")
+                 + ", source, long_context_above, long_input_per_mtok, long_output_per_mtok, "
+                 "long_cached_input_per_mtok, long_cache_write_per_mtok, "
+                 "long_cache_write_1h_per_mtok")
+_PRICE_WRITTEN = [name for name in _PRICE_SELECT.split(", ")[2:] if "(" not in name]
 _BUDGET_COLUMNS = ("scope, scope_id, daily_usd, monthly_usd, daily_tokens, monthly_tokens, "
                    "tokens_per_minute, max_output_tokens, over_cap, stop_streams_at_budget")
 _TOKEN_SELECT = ("id, name, prefix, token_hash, " + _epoch("created_at") + ", "
@@ -49,11 +61,16 @@ def _as_uuid(text: str) -> uuid.UUID | None:
     except ValueError:
         return None
 
+# price_at's order: the best-ranked source first (llm_gateway.billing.prices.RANK).
+_RANK = ("CASE source WHEN 'operator' THEN 0 WHEN 'provider' THEN 1 ELSE 2 END")
+
 
 def _row_to_price(row: tuple[Any, ...]) -> Price:
-    return Price(provider=row[0], model=row[1], input_per_mtok=row[2], output_per_mtok=row[3],
-                 cached_input_per_mtok=row[4], cache_write_per_mtok=row[5],
-                 cache_write_1h_per_mtok=row[6], effective_from=row[7])
+    price = Price(provider=row[0], model=row[1], input_per_mtok=row[2], output_per_mtok=row[3],
+                  cached_input_per_mtok=row[4], cache_write_per_mtok=row[5],
+                  cache_write_1h_per_mtok=row[6], effective_from=row[7],
+                  source=PriceSource(row[8]))
+    return with_long_context(price, row[9], tuple(row[10:15]))
 
 
 def _row_to_budget(row: tuple[Any, ...]) -> Budget:
@@ -203,19 +220,16 @@ class AdminPostgresMixin:
     # ---- prices ---------------------------------------------------------------------
 
     async def set_price(self, price: Price, *, audit: AuditEvent) -> None:
+        # An upsert: a catalogue or provider row never replaces an operator's.
         await self._audited(
             audit,
-            "INSERT INTO prices (provider, model, input_per_mtok, output_per_mtok, "
-            "cached_input_per_mtok, cache_write_per_mtok, cache_write_1h_per_mtok, "
-            "effective_from) VALUES (%s, %s, %s, %s, %s, %s, %s, to_timestamp(%s)) "
-            "ON CONFLICT (provider, model, effective_from) DO UPDATE SET "
-            "input_per_mtok = excluded.input_per_mtok, output_per_mtok = excluded.output_per_mtok, "
-            "cached_input_per_mtok = excluded.cached_input_per_mtok, "
-            "cache_write_per_mtok = excluded.cache_write_per_mtok, "
-            "cache_write_1h_per_mtok = excluded.cache_write_1h_per_mtok",
-            (price.provider, price.model, price.input_per_mtok, price.output_per_mtok,
-             price.cached_input_per_mtok, price.cache_write_per_mtok,
-             price.cache_write_1h_per_mtok, price.effective_from),
+            "INSERT INTO prices (provider, model, effective_from, " + ", ".join(_PRICE_WRITTEN)
+            + ") VALUES (%s, %s, to_timestamp(%s), " + ", ".join(["%s"] * len(_PRICE_WRITTEN))
+            + ") ON CONFLICT (provider, model, effective_from) DO UPDATE SET "
+            + ", ".join(f"{name} = excluded.{name}" for name in _PRICE_WRITTEN)
+            + " WHERE prices.source <> 'operator' OR excluded.source = 'operator'",
+            (price.provider, price.model, price.effective_from, *rates_of(price),
+             price.source.value, price.long_context_above, *rates_of(price.long_context)),
         )
 
     async def prices(self) -> list[Price]:
@@ -226,7 +240,8 @@ class AdminPostgresMixin:
     async def price_at(self, provider: str, model: str, at: float) -> Price | None:
         rows = await self._rows(
             f"SELECT {_PRICE_SELECT} FROM prices WHERE provider = %s AND model = %s "
-            "AND effective_from <= to_timestamp(%s) ORDER BY effective_from DESC LIMIT 1",
+            "AND effective_from <= to_timestamp(%s) ORDER BY "
+            f"{_RANK}, effective_from DESC LIMIT 1",
             (provider, model, at),
         )
         return _row_to_price(rows[0]) if rows else None

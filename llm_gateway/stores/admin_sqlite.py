@@ -9,7 +9,16 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from llm_gateway.billing.model import Budget, BudgetScope, OverCap, Price, money
+from llm_gateway.billing.model import (
+    Budget,
+    BudgetScope,
+    OverCap,
+    Price,
+    PriceSource,
+    money,
+    rates_of,
+    with_long_context,
+)
 from llm_gateway.keys import KeyRecord
 from llm_gateway.stores.admin import (
     AdminTokenRecord,
@@ -19,7 +28,13 @@ from llm_gateway.stores.admin import (
 )
 
 _PRICE_COLUMNS = ("provider, model, input_per_mtok, output_per_mtok, cached_input_per_mtok, "
-                  "cache_write_per_mtok, cache_write_1h_per_mtok, effective_from")
+                  "cache_write_per_mtok, cache_write_1h_per_mtok, effective_from, source, "
+                  "long_context_above, long_input_per_mtok, long_output_per_mtok, "
+                  "long_cached_input_per_mtok, long_cache_write_per_mtok, "
+                  "long_cache_write_1h_per_mtok")
+# An upsert of a price: a catalogue or provider row never replaces an operator's.
+_PRICE_UPDATES = ", ".join(f"{name} = excluded.{name}"
+                           for name in _PRICE_COLUMNS.split(", ")[2:] if name != "effective_from")
 _BUDGET_COLUMNS = ("scope, scope_id, daily_usd, monthly_usd, daily_tokens, monthly_tokens, "
                    "tokens_per_minute, max_output_tokens, over_cap, stop_streams_at_budget")
 _TOKEN_COLUMNS = "id, name, prefix, token_hash, created_at, revoked_at, last_used_at"
@@ -33,12 +48,17 @@ def _text(value: Decimal | None) -> str | None:
 def _decimal(text: str | None) -> Decimal | None:
     return None if text is None else Decimal(text)
 
+# price_at's order: the best-ranked source first (llm_gateway.billing.prices.RANK).
+_RANK = ("CASE source WHEN 'operator' THEN 0 WHEN 'provider' THEN 1 ELSE 2 END")
+
 
 def _row_to_price(row: tuple[Any, ...]) -> Price:
-    return Price(provider=row[0], model=row[1], input_per_mtok=Decimal(row[2]),
-                 output_per_mtok=Decimal(row[3]), cached_input_per_mtok=_decimal(row[4]),
-                 cache_write_per_mtok=_decimal(row[5]), cache_write_1h_per_mtok=_decimal(row[6]),
-                 effective_from=row[7])
+    price = Price(provider=row[0], model=row[1], input_per_mtok=Decimal(row[2]),
+                  output_per_mtok=Decimal(row[3]), cached_input_per_mtok=_decimal(row[4]),
+                  cache_write_per_mtok=_decimal(row[5]),
+                  cache_write_1h_per_mtok=_decimal(row[6]), effective_from=row[7],
+                  source=PriceSource(row[8]))
+    return with_long_context(price, row[9], tuple(_decimal(text) for text in row[10:15]))
 
 
 def _row_to_budget(row: tuple[Any, ...]) -> Budget:
@@ -175,13 +195,14 @@ class AdminSqliteMixin:
     # ---- prices ---------------------------------------------------------------------
 
     async def set_price(self, price: Price, *, audit: AuditEvent) -> None:
-        values = (price.provider, price.model, _text(price.input_per_mtok),
-                  _text(price.output_per_mtok), _text(price.cached_input_per_mtok),
-                  _text(price.cache_write_per_mtok), _text(price.cache_write_1h_per_mtok),
-                  price.effective_from)
+        values = (price.provider, price.model, *map(_text, rates_of(price)),
+                  price.effective_from, price.source.value, price.long_context_above,
+                  *map(_text, rates_of(price.long_context)))
         await self._run(lambda db: _audited(db, audit, lambda: db.execute(
-            f"INSERT OR REPLACE INTO prices ({_PRICE_COLUMNS}) "
-            f"VALUES ({', '.join('?' * len(values))})", values
+            f"INSERT INTO prices ({_PRICE_COLUMNS}) "
+            f"VALUES ({', '.join('?' * len(values))}) "
+            f"ON CONFLICT (provider, model, effective_from) DO UPDATE SET {_PRICE_UPDATES} "
+            "WHERE prices.source <> 'operator' OR excluded.source = 'operator'", values
         )))
 
     async def prices(self) -> list[Price]:
@@ -193,7 +214,8 @@ class AdminSqliteMixin:
     async def price_at(self, provider: str, model: str, at: float) -> Price | None:
         row = await self._run(lambda db: db.execute(
             f"SELECT {_PRICE_COLUMNS} FROM prices WHERE provider = ? AND model = ? "
-            "AND effective_from <= ? ORDER BY effective_from DESC LIMIT 1",
+            "AND effective_from <= ? ORDER BY "
+            f"{_RANK}, effective_from DESC LIMIT 1",
             (provider, model, at),
         ).fetchone())
         return _row_to_price(row) if row else None

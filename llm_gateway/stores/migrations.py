@@ -871,4 +871,35 @@ MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX usage_records_trace ON usage_records (trace_id);
         """,
     ),
+    Migration(
+        11,
+        "prices by source (operator, provider, catalogue), with long-context rates",
+        # Who set a price: prices sync writes the catalogue's and the provider's rows and
+        # never one over an operator's; every row before this was an operator's. A price's
+        # long-context rates bill a prompt above long_context_above tokens (NULL: none).
+        sqlite="""
+        ALTER TABLE prices ADD COLUMN source TEXT NOT NULL DEFAULT 'operator'
+            CHECK (source IN ('operator', 'provider', 'catalogue'));
+        ALTER TABLE prices ADD COLUMN long_context_above INTEGER
+            CHECK (long_context_above > 0);
+        ALTER TABLE prices ADD COLUMN long_input_per_mtok TEXT;
+        ALTER TABLE prices ADD COLUMN long_output_per_mtok TEXT;
+        ALTER TABLE prices ADD COLUMN long_cached_input_per_mtok TEXT;
+        ALTER TABLE prices ADD COLUMN long_cache_write_per_mtok TEXT;
+        ALTER TABLE prices ADD COLUMN long_cache_write_1h_per_mtok TEXT;
+        """,
+        postgres="""
+        ALTER TABLE prices
+            ADD COLUMN source TEXT NOT NULL DEFAULT 'operator'
+                CHECK (source IN ('operator', 'provider', 'catalogue')),
+            ADD COLUMN long_context_above INTEGER CHECK (long_context_above > 0),
+            ADD COLUMN long_input_per_mtok NUMERIC CHECK (long_input_per_mtok >= 0),
+            ADD COLUMN long_output_per_mtok NUMERIC CHECK (long_output_per_mtok >= 0),
+            ADD COLUMN long_cached_input_per_mtok NUMERIC
+                CHECK (long_cached_input_per_mtok >= 0),
+            ADD COLUMN long_cache_write_per_mtok NUMERIC CHECK (long_cache_write_per_mtok >= 0),
+            ADD COLUMN long_cache_write_1h_per_mtok NUMERIC
+                CHECK (long_cache_write_1h_per_mtok >= 0);
+        """,
+    ),
 )
