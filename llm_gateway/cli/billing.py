@@ -4,15 +4,40 @@ argument's text, never through a float."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import logging
 import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from decimal import Decimal
 from typing import Any
 
 from llm_gateway.admin.common import parse_time
-from llm_gateway.admin.service import OPTIONAL_RATES, AdminService, budget_fields, price_fields
-from llm_gateway.billing.model import BudgetScope
+from llm_gateway.admin.service import (
+    CLI_ACTOR,
+    OPTIONAL_RATES,
+    AdminError,
+    AdminService,
+    Invalid,
+    NotConfigured,
+    budget_fields,
+    price_fields,
+)
+from llm_gateway.billing.catalogue import (
+    Change,
+    Routed,
+    catalogue_prices,
+    listed_prices,
+    plan_sync,
+)
+from llm_gateway.billing.model import RATE_FIELDS, BudgetScope, Price
+from llm_gateway.billing.prices import PriceBook, merge_prices
 from llm_gateway.cli.admin import run_admin, when
-from llm_gateway.cli.common import EXIT_CONFIG
+from llm_gateway.cli.common import EXIT_CONFIG, EXIT_FAILED, settings_from
+from llm_gateway.engine import Gateway
+from llm_gateway.routing.table import ProviderConfig, RouteTable
+from llm_gateway.wiring import build_gateway
 
 _USD_OPTIONS = ("daily_usd", "monthly_usd")
 _COUNT_OPTIONS = ("daily_tokens", "monthly_tokens", "tokens_per_minute", "max_output_tokens")
@@ -42,7 +67,15 @@ def register(commands: Any) -> None:
     set_price.set_defaults(handler=cmd_prices_set)
     list_prices = prices_commands.add_parser("list", help="every price")
     list_prices.add_argument("--json", action="store_true")
+    list_prices.add_argument("--unpriced", action="store_true",
+                             help="instead: every routed model without a price in force")
     list_prices.set_defaults(handler=cmd_prices_list)
+    sync = prices_commands.add_parser(
+        "sync", help="load the routed models' prices from the genai-prices catalogue (and a "
+        "provider's own model list where it has prices); operator prices always win")
+    sync.add_argument("--provider", help="only this provider's models")
+    sync.add_argument("--dry-run", action="store_true", help="show the changes, write nothing")
+    sync.set_defaults(handler=cmd_prices_sync)
 
     budgets = commands.add_parser("budgets", help="USD and token budgets of keys and subjects")
     budgets_commands = budgets.add_subparsers(dest="budgets_command", required=True)
@@ -96,6 +129,8 @@ def cmd_prices_set(args: argparse.Namespace) -> int:
 
 
 def cmd_prices_list(args: argparse.Namespace) -> int:
+    if args.unpriced:
+        return cmd_prices_unpriced(args)
     status, prices = run_admin(args, "prices list", lambda service: service.prices())
     if prices is None:
         return status
@@ -106,12 +141,161 @@ def cmd_prices_list(args: argparse.Namespace) -> int:
     rates = ("input_per_mtok", "output_per_mtok", *OPTIONAL_RATES)
     headings = ("INPUT", "OUTPUT", "CACHE READ", "CACHE WRITE", "WRITE 1H")
     print(f"{'PROVIDER':<12} {'MODEL':<28} "
-          + "".join(f"{heading:>12} " for heading in headings) + "FROM")
+          + "".join(f"{heading:>12} " for heading in headings) + f"{'SOURCE':<10} FROM")
     for row in rows:
+        above = row["long_context_above"]
         print(f"{row['provider'][:12]:<12} {row['model'][:28]:<28} "
               + "".join(f"{row[name] or '-':>12} " for name in rates)
-              + when(row["effective_from"]))
+              + f"{row['source']:<10} " + when(row["effective_from"])
+              + ("" if above is None else f" (above {above} prompt tokens: "
+                 + ", ".join(f"{row['long_context'][name] or '-'}" for name in rates) + ")"))
     return 0
+
+
+
+def _routed(table: RouteTable) -> list[Routed]:
+    """Every upstream model an alias routes to, with the aliases using it."""
+    aliases: dict[tuple[str, str], list[str]] = {}
+    for alias, route in table.models.items():
+        for target in route.targets:
+            if not target.passthrough:
+                aliases.setdefault((target.provider, target.model), []).append(alias)
+    return [Routed(provider=provider, profile=table.providers[provider].profile,
+                   base_url=table.providers[provider].base_url, model=model,
+                   aliases=tuple(names))
+            for (provider, model), names in aliases.items()]
+
+
+def _with_routes[T](args: argparse.Namespace, command: str,
+                    work: Callable[[Gateway, AdminService], Awaitable[T]]) -> tuple[int, T | None]:
+    """Run ``work`` with the routes the gateways take (the file and the admin overlay) and
+    the admin service acting as ``cli``."""
+    settings = settings_from(args)
+    # Its own "version 1 in force" would read as a gateway's.
+    logging.getLogger("llm_gateway.routes").setLevel(logging.WARNING)
+
+    async def run() -> T:
+        gateway = build_gateway(settings)
+        try:
+            await gateway.store.migrate()
+            await gateway.routes.start()
+            service = AdminService(gateway.store, actor=CLI_ACTOR,  # type: ignore[arg-type]
+                                   settings=settings)
+            return await work(gateway, service)
+        finally:
+            await gateway.close()
+
+    try:
+        return 0, asyncio.run(run())
+    except AdminError as exc:
+        print(f"llm-gateway {command}: {exc}", file=sys.stderr)
+        return (EXIT_CONFIG if isinstance(exc, Invalid | NotConfigured) else EXIT_FAILED), None
+
+
+def cmd_prices_unpriced(args: argparse.Namespace) -> int:
+    async def work(gateway: Gateway, service: AdminService) -> list[dict[str, Any]]:
+        book = PriceBook(merge_prices(gateway.seed_prices, await service.prices()))
+        now = time.time()
+        return [{"provider": r.provider, "model": r.model, "aliases": list(r.aliases)}
+                for r in _routed(gateway.router.table)
+                if book.price_at(r.provider, r.model, now) is None]
+
+    status, rows = _with_routes(args, "prices list", work)
+    if rows is None:
+        return status
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'PROVIDER':<12} {'MODEL':<36} ALIASES")
+    for row in rows:
+        print(f"{row['provider'][:12]:<12} {row['model'][:36]:<36} {', '.join(row['aliases'])}")
+    return 0
+
+
+async def _listed(provider: ProviderConfig, notes: list[str]) -> Mapping[str, Any]:
+    """The provider's model list (GET /models with its key), where it may publish prices
+    (nothing, said in ``notes``, when it does not answer)."""
+    import httpx  # only this command calls a provider itself: no gateway imports it
+
+    headers = dict([*provider.headers, *provider.auth_headers()])
+    try:
+        async with httpx.AsyncClient(timeout=provider.timeouts.read) as client:
+            answer = await client.get(provider.url("/models"), headers=headers)
+            answer.raise_for_status()
+            listed = answer.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        notes.append(f"{provider.name}: its model list did not answer ({type(exc).__name__})")
+        return {}
+    return listed if isinstance(listed, Mapping) else {}
+
+
+async def _proposed(routed: list[Routed], table: RouteTable,
+                    notes: list[str]) -> list[Price]:
+    """The catalogue's rows for each routed model; for a model the dataset does not know,
+    its provider's listed price."""
+    lists: dict[str, Mapping[str, Any]] = {}
+    proposed: list[Price] = []
+    now = round(time.time(), 6)
+    for model in routed:
+        rows = catalogue_prices(model)
+        if rows is None:
+            if model.provider not in lists:
+                lists[model.provider] = await _listed(table.providers[model.provider], notes)
+            listed = listed_prices(model, lists[model.provider], now)
+            rows = [] if listed is None else [listed]
+        if not rows:
+            notes.append(f"{model.provider}/{model.model}: neither the catalogue nor the "
+                         "provider's model list prices it")
+        proposed.extend(rows)
+    return proposed
+
+
+def cmd_prices_sync(args: argparse.Namespace) -> int:
+    async def work(gateway: Gateway, service: AdminService) -> tuple[list[Change], list[str]]:
+        table = gateway.router.table
+        if args.provider is not None and args.provider not in table.providers:
+            raise Invalid(f"--provider: no provider {args.provider!r} in the routes")
+        routed = [r for r in _routed(table) if args.provider in (None, r.provider)]
+        notes: list[str] = []
+        changes = plan_sync(await _proposed(routed, table, notes), await service.prices())
+        if not args.dry_run:
+            for change in changes:
+                await service.sync_price(change.after, change.before)
+        return changes, notes
+
+    status, found = _with_routes(args, "prices sync", work)
+    if found is None:
+        return status
+    changes, notes = found
+    for change in changes:
+        _print_change(change)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    done = "would change (--dry-run: nothing written)" if args.dry_run else "written"
+    print(f"{len(changes)} price{'' if len(changes) == 1 else 's'} {done}")
+    return 0
+
+
+def _rate(value: Decimal | None) -> str:
+    return "-" if value is None else format(value.normalize(), "f")
+
+
+def _print_change(change: Change) -> None:
+    """One model's change, old → new per rate (its long-context rates after)."""
+    after, before = change.after, change.before
+    print(f"{after.provider}/{after.model} ({after.source.value}, from "
+          f"{when(after.effective_from)}){'' if before else ': new'}")
+    tiers = [("", after, before)]
+    if after.long_context is not None or (before and before.long_context is not None):
+        above = after.long_context_above or (before.long_context_above if before else None)
+        tiers.append((f" above {above}", after.long_context,
+                      before.long_context if before else None))
+    for label, new, old in tiers:
+        for name in RATE_FIELDS:
+            was = getattr(old, name) if old else None
+            now = getattr(new, name) if new else None
+            if was != now:
+                print(f"  {name}{label}: {_rate(was)} → {_rate(now)}")
 
 
 def _budget_changes(args: argparse.Namespace) -> dict[str, Any]:

@@ -215,6 +215,14 @@ def models_payload(wanted_type: str) -> dict[str, object]:
             "created": model.created,
             "owned_by": "venice.ai",
             "type": model.type,
+            # Venice publishes each text model's price per million tokens in its list: the
+            # rates the fake's usage.cost charges (prices sync reads them).
+            **({"model_spec": {"pricing": {
+                "input": {"usd": round(USD_PER_PROMPT_TOKEN * 1e6, 6),
+                          "diem": round(DIEM_PER_PROMPT_TOKEN * 1e6, 6)},
+                "output": {"usd": round(USD_PER_COMPLETION_TOKEN * 1e6, 6),
+                           "diem": round(DIEM_PER_COMPLETION_TOKEN * 1e6, 6)},
+            }}} if model.type == "text" else {}),
         }
         for model in FAKE_MODELS
         if wanted_type in ("all", model.type)
