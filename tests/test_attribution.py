@@ -6,7 +6,6 @@ x-trace-id. On SQLite, and on Postgres with TEST_DATABASE_URL."""
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import io
 import json
@@ -20,17 +19,22 @@ from typing import Any
 import httpx
 import pytest
 
-from llm_gateway.adapters.asgi import create_app
-from llm_gateway.admin.app import create_admin_app
 from llm_gateway.billing.records import UsageRecord
 from llm_gateway.billing.spool import Spool
 from llm_gateway.stores import open_store
 from llm_gateway.telemetry.access_log import AccessLog
 from llm_gateway.testing.fake_upstream import FakeUpstream
-from llm_gateway.wiring import build_gateway
 from tests.conftest import make_settings
 from tests.support import BIN, create_key, usage_records
 from tests.surfaces import SURFACES, Surface, surface, wait_until
+from tests.test_admin_api import (  # noqa: F401 (fixtures)
+    AdminGateway,
+    OpenApi,
+    admin_gw,
+    in_new_loop,
+    openapi,
+)
+from tests.test_console import browser, open_page, sign_in  # noqa: F401 (fixtures)
 
 CHAT = {"model": "llama-3.3-70b", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -115,7 +119,7 @@ def seeded(database_url: str) -> list[UsageRecord]:
         finally:
             await store.close()
 
-    asyncio.run(write())
+    in_new_loop(write())  # a thread of its own: Playwright's loop may be running here
     return records
 
 
@@ -169,34 +173,26 @@ def test_usage_show_finds_a_request_by_either_id(tmp_path: Path, fake_url: str) 
     assert missing.returncode == 1 and "no request has the id" in missing.stderr
 
 
-def test_the_admin_api_finds_a_request_by_either_id(tmp_path: Path, fake_url: str,
-                                                     fake: FakeUpstream) -> None:
-    from tests.test_admin_api import SECRET_KEY, OpenApi, make_admin_token, serve_together
-
-    settings = make_settings(tmp_path, fake_url, secret_key=SECRET_KEY)
-    gateway = build_gateway(settings, key_cache_seconds=0)
-    token = make_admin_token(settings)
-    _, key = create_key(settings.database_url)
-    with serve_together(create_app(settings, gateway=gateway),
-                        create_admin_app(gateway)) as (public, admin):
-        api = OpenApi(httpx.get(admin + "/admin/v1/openapi.json").json())
-        answer = httpx.post(public + "/v1/chat/completions", json={**CHAT, "user": "u-7"},
-                            headers={"authorization": f"Bearer {key}",
-                                     "x-llm-gateway-tags": "feature=lookup"}, timeout=10)
-        assert answer.status_code == 200
-        gateway.flush_from_thread()
-        with httpx.Client(base_url=admin + "/admin/v1", timeout=10,
-                          headers={"authorization": f"Bearer {token}"}) as c:
-            for wanted in (answer.headers["x-request-id"], answer.headers["x-trace-id"]):
-                found = api.check(c.get(f"/usage/{wanted}"))
-                assert found.status_code == 200, found.text
-                [view] = found.json()["records"]
-                assert view["request_id"] == answer.headers["x-request-id"]
-                assert (view["end_user"], view["tags"]) == ("u-7", {"feature": "lookup"})
-                assert view["target"]["provider"] and view["status"] == 200
-            missing = api.check(c.get("/usage/req_nothere"))
-            assert missing.status_code == 404
-            assert missing.json()["error"]["code"] == "not_found"
+def test_the_admin_api_finds_a_request_by_either_id(
+    admin_gw: AdminGateway, openapi: OpenApi,  # noqa: F811
+) -> None:
+    _, key = create_key(admin_gw.settings.database_url)
+    answer = httpx.post(admin_gw.public + "/v1/chat/completions", json={**CHAT, "user": "u-7"},
+                        headers={"authorization": f"Bearer {key}",
+                                 "x-llm-gateway-tags": "feature=lookup"}, timeout=10)
+    assert answer.status_code == 200
+    admin_gw.gateway.flush_from_thread()
+    with admin_gw.client() as c:
+        for wanted in (answer.headers["x-request-id"], answer.headers["x-trace-id"]):
+            found = openapi.check(c.get(f"/usage/{wanted}"))
+            assert found.status_code == 200, found.text
+            [view] = found.json()["records"]
+            assert view["request_id"] == answer.headers["x-request-id"]
+            assert (view["end_user"], view["tags"]) == ("u-7", {"feature": "lookup"})
+            assert view["target"]["provider"] and view["status"] == 200
+        missing = openapi.check(c.get("/usage/req_nothere"))
+        assert missing.status_code == 404
+        assert missing.json()["error"]["code"] == "not_found"
 
 
 def test_the_spool_and_the_access_log_carry_them(tmp_path: Path) -> None:
@@ -218,3 +214,24 @@ def test_the_spool_and_the_access_log_carry_them(tmp_path: Path) -> None:
     os.close(read)
     os.close(write)
     assert (line["tags"], line["end_user"]) == ({"feature": "x"}, "caf\u00e9")
+
+
+
+def test_the_console_finds_a_request_and_groups_by_end_user(
+    browser: Any, admin_gw: AdminGateway,  # noqa: F811
+) -> None:
+    seeded(admin_gw.settings.database_url)
+    page = browser.new_page(viewport={"width": 1280, "height": 860})
+    sign_in(page, admin_gw)
+    open_page(page, admin_gw, "usage")
+    page.get_by_label("Request or trace id").fill(f"{2:032x}")  # req_seed2's trace id
+    page.get_by_role("button", name="Find").click()
+    dialog = page.get_by_role("dialog")
+    dialog.wait_for()
+    text = dialog.inner_text()
+    assert "req_seed2" in text and "alice" in text and "feature=chat" in text
+    assert "p / llama-3.3-70b" in text and "$0.30" in text
+    dialog.get_by_role("button", name="Close").click()
+    page.get_by_label("Request or trace id").fill("req_nothere")
+    page.get_by_role("button", name="Find").click()
+    page.get_by_text("No request has this id.").wait_for()

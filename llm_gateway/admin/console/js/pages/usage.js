@@ -2,14 +2,15 @@
 // spend per day and a table grouped as chosen, downloadable as CSV.
 // Filtering uses the report itself: the filtered dimensions are added to its grouping and
 // the rows kept are those of the chosen values, so every figure (latency percentiles too)
-// is the server's own for exactly that selection.
+// is the server's own for exactly that selection. A search box finds one request by the
+// x-request-id or x-trace-id its client got.
 
 import { api, query } from "../api.js";
 import { dayRange, seriesByName, stackedBars } from "../chart.js";
-import { DAY, card, dayStart, downloadCsv, empty, field, fmt, h, isoDay, pageHeader, table } from "../ui.js";
+import { DAY, card, dayStart, downloadCsv, empty, field, fmt, formError, h, isoDay, openDialog, pageHeader, table } from "../ui.js";
 
 const RANGES = [["1", "Today"], ["7", "Last 7 days"], ["30", "Last 30 days"], ["90", "Last 90 days"]];
-const GROUPS = [["model", "Model"], ["key", "Key"], ["subject", "Subject"], ["protocol", "Protocol"], ["provider", "Provider"], ["day", "Day"]];
+const GROUPS = [["model", "Model"], ["key", "Key"], ["subject", "Subject"], ["protocol", "Protocol"], ["provider", "Provider"], ["day", "Day"], ["end_user", "End user"]];
 const FILTERS = { key: "key_id", subject: "subject", model: "model" };
 const state = { range: "7", key: "", subject: "", model: "", group: "model" };
 
@@ -35,7 +36,7 @@ export async function render() {
     return page;
   }
   const results = h("div", { class: "results" });
-  page.append(filters(keys, models.rows, () => refresh(results)), results);
+  page.append(finder(), filters(keys, models.rows, () => refresh(results)), results);
   await refresh(results);
   return page;
 }
@@ -44,6 +45,41 @@ function select(name, options, value) {
   const el = h("select", { name }, options.map(([v, label]) => h("option", { value: v }, label)));
   el.value = value;
   return el;
+}
+
+function finder() {
+  const input = h("input", { name: "request", type: "search", required: "", maxlength: "200", placeholder: "req_… or a trace id" });
+  const form = h("form", { class: "toolbar", role: "search", "aria-label": "Find a request" },
+    field("Request or trace id", input), h("button", { class: "button", type: "submit" }, "Find"));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    form.querySelector(".form-error")?.remove();
+    try {
+      const found = await api(`/usage/${encodeURIComponent(input.value.trim())}`);
+      openDialog(`Request ${found.id}`, found.records.map(requestDetails), { wide: true });
+    } catch (error) {
+      formError(form, error.status === 404 ? { message: "No request has this id." } : error);
+    }
+  });
+  return form;
+}
+
+// One record as `llm-gateway usage show` shows it.
+function requestDetails(r) {
+  const tags = Object.entries(r.tags).map(([k, v]) => `${k}=${v}`).join(", ");
+  const pairs = [
+    ["Request", r.request_id], ["Trace", r.trace_id || "—"], ["Started", new Date(r.started_at * 1000).toISOString()],
+    ["Key", r.key_prefix ? `${r.key_prefix}…` : r.key_id || "—"], ["Subject", r.subject_id],
+    ["End user", r.end_user || "—"], ["Tags", tags || "—"],
+    ["Asked", `${r.protocol || r.endpoint} · ${r.model || "—"}${r.stream ? " · stream" : ""}`],
+    ["Target", `${r.target.provider || "—"} / ${r.target.upstream_model || "—"}`], ["Attempts", String(r.attempts)],
+    ["Status", r.error ? `${r.status} ${r.error.code}: ${r.error.message || ""}` : String(r.status)],
+    ["Duration", fmt.ms(r.timings.duration_ms)], ["To headers", fmt.ms(r.timings.ttfb_ms)],
+    ["Tokens", `${fmt.int(r.tokens.prompt)} in (cache read ${fmt.int(r.tokens.cache_read)}, write ${fmt.int(r.tokens.cache_write)}) · ${fmt.int(r.tokens.completion)} out (reasoning ${fmt.int(r.tokens.reasoning)})${r.tokens.estimated ? " · estimated" : ""}`],
+    ["Cost", r.cost.cost_usd === null ? "no price" : fmt.usd(r.cost.cost_usd)],
+    ["Provider's cost", r.cost.provider_cost_usd === null ? "—" : fmt.usd(r.cost.provider_cost_usd)],
+  ];
+  return h("dl", { class: "details" }, pairs.flatMap(([term, value]) => [h("dt", {}, term), h("dd", {}, value)]));
 }
 
 function filters(keys, modelRows, apply) {
