@@ -37,6 +37,9 @@ CATALOGUE: dict[str, ErrorKind] = {kind.code: kind for kind in (
               "the prompt fits no target's context window (estimated before any call)"),
     ErrorKind(400, "invalid_request_error", "max_tokens_too_large",
               "`max_tokens` above the key's cap, when its budget says reject"),
+    ErrorKind(400, "invalid_request_error", "model_not_priced",
+              "a key or subject with a USD budget, and a target with no price and no cost "
+              "of its provider's own (`unpriced: refuse`, the default; refused before the call)"),
     ErrorKind(400, "invalid_request_error", "unsupported_parameter",
               "a parameter the chosen provider cannot take (refused before the call)"),
     ErrorKind(400, "invalid_request_error", "unsupported_protocol",
@@ -268,6 +271,13 @@ def tokens_per_minute_exceeded(headers: Headers) -> Rejection:
 def max_tokens_too_large(cap: int) -> Rejection:
     return reject("max_tokens_too_large",
                   f"max_tokens is above this key's cap of {cap} output tokens.")
+
+
+def model_not_priced(provider: str, model: str) -> Rejection:
+    return reject("model_not_priced",
+                  f"The model '{model}' of provider '{provider}' has no price, and this key "
+                  "has a USD budget: it cannot be held to it. Set a price (llm-gateway prices "
+                  "set), or `unpriced: allow` on the provider or target.")
 
 
 def unsupported_protocol(protocol: str, model: str) -> Rejection:

@@ -48,6 +48,8 @@ UNITS_PER_USD = Decimal(10) ** 10  # the ledger counts USD in 1e-10 units
 # The output cap assumed when neither the request, a budget nor the route gives one.
 DEFAULT_OUTPUT_CAP = 4096
 BUDGET_CACHE_SECONDS = 2.0
+# What a request without a price holds on a USD budget (1e-10 USD): see Quotas._try.
+UNPRICED_HOLD_UNITS = 1
 # While the ledger is down, one request per interval asks it again (as the limiter does).
 RETRY_INTERVAL_SECONDS = 1.0
 
@@ -123,6 +125,11 @@ class BudgetLimits:
     cap: int | None  # the tightest max_output_tokens of the budgets
     over_cap: OverCap
     stop_streams: bool
+
+    @property
+    def charges_usd(self) -> bool:
+        """Whether a USD limit applies: then every target must be priced, or refused."""
+        return any(b.daily_usd is not None or b.monthly_usd is not None for b in self.budgets)
 
 
 def windows(now: float) -> tuple[str, float, str, float]:
@@ -213,6 +220,10 @@ class Quotas:
                         "refusing requests of keys with a budget with 503 until it is back"))
         self._monotonic = monotonic
         self._next_try = 0.0
+
+    def priced_now(self, provider: str, model: str) -> bool:
+        """Whether the price table has a price in force now for this target."""
+        return self.prices.price_at(provider, model, self._clock()) is not None
 
     def used_ratios(self) -> list[tuple[str, str, str, float]]:
         """(scope, id, window, spent and reserved over the limit) of each USD budget as
@@ -320,7 +331,9 @@ class Quotas:
                    ) -> tuple[LedgerAnswer, list[Hold], list[Draw]] | None:
         """``cap``: the output tokens of every choice together."""
         tokens = prompt_tokens + cap
-        usd = None
+        # No price (a target that may go unpriced): one unit is held all the same, so a
+        # spent budget refuses it and its settlement books the cost its provider reports.
+        usd = UNPRICED_HOLD_UNITS
         if price is not None:
             per_token = _units_per_token(price)
             usd = (prompt_tokens * per_token[0] + cap * per_token[1] if per_token is not None
@@ -334,7 +347,7 @@ class Quotas:
                     draws.append(Draw(name, limit, tokens))
                 elif kind == "tok":
                     holds.append(Hold(name, limit, tokens, end))
-                elif usd is not None:
+                else:
                     holds.append(Hold(name, limit, usd, end))
         answer = await self._ledger_reserve(holds, draws, owner)
         if answer is None:

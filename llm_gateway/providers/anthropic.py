@@ -23,6 +23,7 @@ DEFAULT_VERSION = "2023-06-01"
 class AnthropicProfile:
     name = "anthropic"
     sends_stream_usage = True  # message_start and message_delta carry it, always
+    reports_cost = False
     protocols = frozenset({"messages"})
     auth_header = "x-api-key"
     default_headers = (("anthropic-version", DEFAULT_VERSION),)

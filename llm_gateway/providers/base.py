@@ -37,6 +37,9 @@ class Profile(Protocol):
     # Whether its streams carry a usage chunk unasked (Venice) or only when
     # stream_options.include_usage asks (OpenAI).
     sends_stream_usage: bool
+    # Whether every answer carries its own cost (Venice's ``cost``): such a provider's
+    # model needs no price for a USD budget to be charged (``unpriced:`` in routing).
+    reports_cost: bool
     # The client protocols it speaks natively (a provider's ``protocols:`` default).
     protocols: frozenset[str]
     # Where its key goes by default: "authorization" (Bearer) or another header.

@@ -29,6 +29,7 @@ BASE_URL = "https://generativelanguage.googleapis.com/v1beta"
 class GeminiProfile:
     name = "gemini"
     sends_stream_usage = True  # usageMetadata is in every chunk, asked or not
+    reports_cost = False
     protocols = frozenset({"gemini"})
     auth_header = "x-goog-api-key"
     default_headers: tuple[tuple[str, str], ...] = ()

@@ -14,6 +14,9 @@ from llm_gateway.providers.venice import VeniceProfile
 class GenericProfile(VeniceProfile):
     name = "generic"
     sends_stream_usage = False
+    # It reads a cost when one comes (an OpenRouter-like proxy), but a vLLM or Ollama
+    # sends none: not to be counted on.
+    reports_cost = False
 
     def prepare(self, payload: dict, *, stream: bool) -> dict:
         prepared = payload

@@ -61,6 +61,7 @@ class OpenAIProfile:
     name = "openai"
     # OpenAI sends a usage chunk only when stream_options.include_usage asks for one.
     sends_stream_usage = False
+    reports_cost = False
     protocols = frozenset({"chat", "embeddings", "responses"})
     auth_header = "authorization"
     default_headers: tuple[tuple[str, str], ...] = ()

@@ -44,6 +44,7 @@ VENICE_CHAT_FIELDS = frozenset({
 class VeniceProfile(OpenAIProfile):
     name = "venice"
     sends_stream_usage = True  # always, asked or not
+    reports_cost = True  # usage.cost.usd, in every answer
     protocols = frozenset({"chat", "embeddings"})
 
     def prepare(self, payload: dict, *, stream: bool) -> dict:

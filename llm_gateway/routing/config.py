@@ -22,6 +22,9 @@ from llm_gateway.routing.table import (
     Timeouts,
 )
 
+# What a model without a price does for a key with a USD budget (``unpriced:``).
+UNPRICED = ("refuse", "allow")
+
 
 class RouteError(ConfigError, ValueError):
     """A route document that cannot serve; str() is the one-line reason, which starts
@@ -99,7 +102,7 @@ def _provider(name: str, raw: Any, environ: Mapping[str, str]) -> ProviderConfig
     where = f"providers.{name}"
     entry = _mapping(where, raw)
     _only(where, entry, {"base_url", "api_key_env", "auth", "headers", "profile",
-                         "max_concurrency", "timeouts", "limits", "protocols"})
+                         "max_concurrency", "timeouts", "limits", "protocols", "unpriced"})
     base_url = str(entry.get("base_url") or "").rstrip("/")
     if not base_url.startswith(("http://", "https://")):
         raise RouteError(f"{where}.base_url: expected an http(s) URL, got {base_url!r}")
@@ -124,7 +127,15 @@ def _provider(name: str, raw: Any, environ: Mapping[str, str]) -> ProviderConfig
                                    limits.get("requests_per_minute", 0)),
         tokens_per_minute=_count(f"{where}.limits.tokens_per_minute",
                                  limits.get("tokens_per_minute", 0)),
+        unpriced=(_unpriced(f"{where}.unpriced", entry["unpriced"])
+                  if "unpriced" in entry else None),
     )
+
+
+def _unpriced(where: str, raw: Any) -> str:
+    if raw not in UNPRICED:
+        raise RouteError(f"{where}: expected {' or '.join(UNPRICED)}, got {raw!r}")
+    return str(raw)
 
 
 def _protocols(where: str, raw: Any, default: frozenset[str]) -> frozenset[str]:
@@ -180,7 +191,8 @@ def _model(name: str, raw: Any, providers: Mapping[str, ProviderConfig]) -> Mode
 
 def _target(where: str, raw: Any, providers: Mapping[str, ProviderConfig]) -> Target:
     entry = _mapping(where, raw)
-    _only(where, entry, {"provider", "model", "weight", "priority", "context_window"})
+    _only(where, entry, {"provider", "model", "weight", "priority", "context_window",
+                         "unpriced"})
     provider = str(entry.get("provider", ""))
     if provider not in providers:
         raise RouteError(f"{where}.provider: {provider!r} is not a provider")
@@ -191,7 +203,9 @@ def _target(where: str, raw: Any, providers: Mapping[str, ProviderConfig]) -> Ta
     if weight < 1:
         raise RouteError(f"{where}.weight: must be at least 1")
     return Target(provider, model, weight, _count(f"{where}.priority", entry.get("priority", 0)),
-                  _optional_count(f"{where}.context_window", entry.get("context_window")))
+                  _optional_count(f"{where}.context_window", entry.get("context_window")),
+                  unpriced=(_unpriced(f"{where}.unpriced", entry["unpriced"])
+                            if "unpriced" in entry else None))
 
 
 def _routing_options(raw: Any, settings: Settings | None) -> dict[str, Any]:

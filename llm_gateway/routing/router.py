@@ -35,6 +35,19 @@ class Plan:
     def provider(self, target: Target) -> ProviderConfig:
         return self.table.providers[target.provider]
 
+    def priced(self, has_price: Callable[[str, str], bool]) -> Plan | Rejection:
+        """For a key held to a USD budget: the targets it can be charged for (a price, or
+        ``RouteTable.may_go_unpriced``), the others skipped as an unsuitable target is;
+        none left: 400 model_not_priced, before any call."""
+        kept = tuple(target for target in self.targets
+                     if has_price(target.provider, target.model)
+                     or self.table.may_go_unpriced(target))
+        if not kept:
+            first = self.targets[0]
+            return errors.model_not_priced(first.provider, first.model)
+        return self if len(kept) == len(self.targets) else dataclasses.replace(
+            self, targets=kept)
+
 
 class Router:
     def __init__(self, table: RouteTable, health: HealthBook,

@@ -46,6 +46,11 @@ class ProviderConfig:
     # a request goes only to targets whose provider speaks its protocol. Empty: the
     # profile's.
     protocols: frozenset[str] = frozenset()
+    # A model of it without a price, for a key with a USD budget: "refuse" (400
+    # model_not_priced) or "allow" (charged what the provider reports, if anything). None,
+    # the default: refused unless its profile reports each answer's cost (Venice). A
+    # target's own setting wins.
+    unpriced: str | None = None
     # The request headers this provider's configuration sets (its static headers, its key's
     # header): the gateway's alone, so a caller's copy of any of them is never sent along.
     owned_headers: frozenset[str] = field(init=False, default=frozenset())
@@ -105,6 +110,7 @@ class Target:
     # A model name that is no alias, sent to the default provider as it is: its health is
     # the provider's ("venice/*"), so names callers make up cannot grow the health book.
     passthrough: bool = False
+    unpriced: str | None = None  # "refuse" or "allow"; None: its provider's
 
     @property
     def key(self) -> str:
@@ -181,6 +187,16 @@ class RouteTable:
         if self.default_provider in matching:
             return self.default_provider
         return matching[0] if matching else None
+
+    def may_go_unpriced(self, target: Target) -> bool:
+        """Whether a key with a USD budget may be sent to ``target`` without a price: as
+        ``unpriced:`` says (the target's, else its provider's), else when its provider's
+        profile reports every answer's cost, which the budget is then charged."""
+        provider = self.providers[target.provider]
+        setting = target.unpriced or provider.unpriced
+        if setting is None:
+            return PROFILES[provider.profile].reports_cost
+        return setting == "allow"
 
     def all_targets(self) -> list[Target]:
         seen: dict[str, Target] = {}
