@@ -73,12 +73,31 @@ def read_openai(facts: ResponseFacts, payload: dict) -> None:
                 finish_reason = choice.get("finish_reason")
                 if isinstance(finish_reason, str):
                     facts.finish_reasons.append(finish_reason)
-                said = choice.get("delta") or choice.get("message")
-                if isinstance(said, dict) and isinstance(said.get("content"), str):
-                    facts.text_chars += len(said["content"])
+                facts.text_chars += _said_chars(choice.get("delta") or choice.get("message"))
     usage = facts.profile.usage(payload)
     if usage is not None:
         facts.usage = usage
+
+
+# What a chat message or delta says that is billed as output: its text, its reasoning
+# (Venice's and DeepSeek's reasoning_content, OpenRouter's reasoning) and a refusal.
+_SAID_TEXT = ("content", "reasoning_content", "reasoning", "refusal")
+
+
+def _said_chars(said: object) -> int:
+    """Characters of output in one chat message or delta: its texts and its tool calls'
+    arguments (a streamed call comes as argument fragments), so that an estimate counts
+    every output token that was relayed, not only the visible text."""
+    if not isinstance(said, dict):
+        return 0
+    total = sum(len(said[name]) for name in _SAID_TEXT if isinstance(said.get(name), str))
+    calls = said.get("tool_calls")
+    for call in calls if isinstance(calls, list) else ((said.get("function_call"),)):
+        function = call.get("function", call) if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            total += sum(len(function[name]) for name in ("name", "arguments")
+                         if isinstance(function.get(name), str))
+    return total
 
 
 def _one_data_line(frame: bytes) -> bytes | None:

@@ -155,7 +155,9 @@ def _read_object(facts: ResponseFacts, response: dict, *, final: bool) -> None:
 def _output_chars(item: object) -> int:
     if not isinstance(item, dict):
         return 0
-    total = sum(len(part["text"]) for part in item.get("content") or ()
+    # A message's content, and a reasoning item's summary and content: output, all of it.
+    total = sum(len(part["text"]) for name in ("content", "summary")
+                for part in item.get(name) or ()
                 if isinstance(part, dict) and isinstance(part.get("text"), str))
     for name in ("arguments", "input"):
         if isinstance(item.get(name), str):
