@@ -332,6 +332,10 @@ class Gateway:
                        if payload and endpoint.operation.billed else None)
         except BudgetsUnavailable:
             return errors.key_store_unavailable()
+        if budgets is not None and budgets.charges_usd:  # priced targets only, or refused
+            plan = plan.priced(self.quotas.priced_now)
+            if isinstance(plan, Rejection):
+                return plan
         if budgets is None:
             limit, quota = await self._limits(key), None
         else:  # asked at once: one write, one wait; one task, run eagerly (no loop turn)
