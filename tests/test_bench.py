@@ -34,6 +34,9 @@ from bench.targets import (
 from llm_gateway.testing.fake_upstream import FakeUpstream, running_fake_upstream
 from tests.support import BIN, REPO
 
+# The harness runs its own serves and stores: a second pass on shared ones adds nothing.
+pytestmark = pytest.mark.slow_once
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MACHINE = {"cpu_model": "a CPU", "cpus": 2, "memory_gib": 4, "kernel": "6", "python": "3.12"}
 

@@ -26,6 +26,9 @@ from llm_gateway.testing.fake_upstream import (
     running_fake_upstream,
 )
 
+# The fake upstream alone, no store: the second pass (Postgres and Redis) adds nothing.
+pytestmark = pytest.mark.slow_once
+
 AUTH = {"authorization": f"Bearer {DEFAULT_FAKE_API_KEY}"}
 WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"},
                                                    "days": {"type": "integer"}},

@@ -20,6 +20,9 @@ from llm_gateway.testing.fake_upstream import (
     running_fake_upstream,
 )
 
+# The fake upstream alone, no store: the second pass (Postgres and Redis) adds nothing.
+pytestmark = pytest.mark.slow_once
+
 genai = pytest.importorskip("google.genai")
 types = genai.types
 

@@ -46,6 +46,9 @@ from llm_gateway.translate.form import (
     Usage,
 )
 
+# Pure translation, no store: the second pass (Postgres and Redis) adds nothing.
+pytestmark = pytest.mark.slow_once
+
 RECORDED = Path(__file__).parent / "recorded"
 
 # ---- OpenAI's documented examples (API reference, "Create chat completion", Functions) ---------

@@ -52,6 +52,9 @@ from llm_gateway.translate.form import (
     Usage,
 )
 
+# Pure translation, no store: the second pass (Postgres and Redis) adds nothing.
+pytestmark = pytest.mark.slow_once
+
 RECORDED = Path(__file__).parent / "recorded"
 
 # (caller, target): every direction a caller's request is translated in.

@@ -40,6 +40,9 @@ from llm_gateway.translate.form import (
     Usage,
 )
 
+# Pure translation, no store: the second pass (Postgres and Redis) adds nothing.
+pytestmark = pytest.mark.slow_once
+
 genai_types = pytest.importorskip("google.genai.types")
 GEMINI = codec("gemini")
 

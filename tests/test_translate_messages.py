@@ -56,6 +56,9 @@ from llm_gateway.translate.form import (
 )
 from llm_gateway.translate.messages import DEFAULT_MAX_TOKENS
 
+# Pure translation, no store: the second pass (Postgres and Redis) adds nothing.
+pytestmark = pytest.mark.slow_once
+
 CODEC = codec("messages")
 RECORDED = Path(__file__).parent / "recorded"
 TOP_LEVEL = MESSAGES_FIELDS | SAMPLING_FIELDS  # what the Messages API takes (2023-06-01)

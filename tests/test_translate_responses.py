@@ -43,6 +43,9 @@ from llm_gateway.translate.form import (
     Usage,
 )
 
+# Pure translation, no store: the second pass (Postgres and Redis) adds nothing.
+pytestmark = pytest.mark.slow_once
+
 RECORDED = Path(__file__).parent / "recorded"
 CODEC = responses.CODEC
 
