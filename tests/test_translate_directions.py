@@ -51,6 +51,7 @@ from llm_gateway.translate.form import (
     Turn,
     Usage,
 )
+from tests.test_translate_gemini import DOC_ANSWER, DOC_STREAM
 
 # Pure translation, no store: the second pass (Postgres and Redis) adds nothing.
 pytestmark = pytest.mark.slow_once
@@ -410,29 +411,9 @@ CHAT_REQUEST = {
             "required": ["location"]}}}],
     "tool_choice": "auto",
 }
-# ai.google.dev/gemini-api/docs/function-calling: the documented answer (as
-# tests/test_translate_gemini.py has it), and generate-content's documented text stream.
-GEMINI_ANSWER = {
-    "candidates": [{"content": {"parts": [{"functionCall": {
-        "name": "get_current_temperature", "args": {"location": "London"}}}], "role": "model"},
-        "finishReason": "STOP", "index": 0}],
-    "usageMetadata": {"promptTokenCount": 46, "candidatesTokenCount": 8, "totalTokenCount": 94,
-                      "thoughtsTokenCount": 40, "cachedContentTokenCount": 20},
-    "modelVersion": "gemini-2.5-flash", "responseId": "mTEEaaSqL9Cr1dkPmfLM4Q0"}
-GEMINI_STREAM = [
-    {"candidates": [{"content": {"parts": [{"text": "The"}], "role": "model"}, "index": 0}],
-     "usageMetadata": {"promptTokenCount": 9, "totalTokenCount": 9},
-     "modelVersion": "gemini-2.5-flash", "responseId": "r1"},
-    {"candidates": [{"content": {"parts": [{"text": " quick brown fox"}], "role": "model"},
-                     "index": 0}],
-     "usageMetadata": {"promptTokenCount": 9, "candidatesTokenCount": 4, "totalTokenCount": 13},
-     "modelVersion": "gemini-2.5-flash", "responseId": "r1"},
-    {"candidates": [{"content": {"parts": [{"text": " jumps."}], "role": "model"},
-                     "finishReason": "STOP", "index": 0}],
-     "usageMetadata": {"promptTokenCount": 9, "candidatesTokenCount": 6,
-                       "totalTokenCount": 35, "thoughtsTokenCount": 20},
-     "modelVersion": "gemini-2.5-flash", "responseId": "r1"},
-]
+# Google's documented function-calling answer and text stream, as the Gemini codec's tests
+# have them.
+GEMINI_ANSWER, GEMINI_STREAM = DOC_ANSWER, DOC_STREAM
 
 
 def streamed(translation: Translation, target_payloads: list[dict]) -> bytes:
