@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -356,23 +358,37 @@ async def test_a_sqlite_database_that_does_not_answer_raises_store_unavailable(
     await store.migrate()
     await store._run(lambda db: db.execute("PRAGMA busy_timeout=50"))
     owners = SqliteResponseOwners(store)
-    writer = sqlite3.connect(tmp_path / "gateway.db", isolation_level=None)
+    # Another process holds the write lock, a write of its own under way, as another worker
+    # would. (Held from this process, the lock failed to stop the write once in a loaded
+    # CI pass: SQLite shares one process's POSIX locks between its connections.)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_THE_WRITE_LOCK, str(tmp_path / "gateway.db")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        # Another process holds the write lock: a write of its own under way (in WAL mode a
-        # BEGIN alone may not have taken it yet).
-        writer.execute("BEGIN IMMEDIATE")
-        writer.execute("UPDATE schema_migrations SET applied_at = applied_at")
+        assert writer.stdout is not None and writer.stdout.readline() == "locked\n"
         with pytest.raises(StoreUnavailable, match="locked"):
             await owners.bind(binding())
-        writer.execute("ROLLBACK")
+        writer.communicate("", timeout=10)  # the holder rolls back and exits
         (tmp_path / "gone").mkdir()  # a directory where the database should be
         unreadable = SqliteResponseOwners(SqliteStore(str(tmp_path / "gone")))
         with pytest.raises(StoreUnavailable, match="unable to open"):
             await unreadable.owner("resp_1")
         await unreadable._store.close()
     finally:
-        writer.close()
+        writer.kill()
+        writer.wait()
         await store.close()
+
+
+_HOLD_THE_WRITE_LOCK = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+db.execute("UPDATE schema_migrations SET applied_at = applied_at")
+print("locked", flush=True)
+sys.stdin.read()
+db.execute("ROLLBACK")
+"""
 
 
 async def test_sqlite_errors_that_are_bugs_are_not_store_unavailable(tmp_path: Path) -> None:
