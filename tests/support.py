@@ -459,3 +459,11 @@ def self_signed_certificate(directory: Path) -> tuple[Path, Path, bytes]:
                                            serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
     return cert_path, key_path, certificate.public_bytes(serialization.Encoding.DER)
+
+
+def roomy_window(now: float | None = None, margin: float = 120) -> int:
+    """A rate-limit window (about an hour) with at least ``margin`` seconds left at ``now``
+    (the limiter's clock; this machine's by default). Windows are epoch-aligned: a burst
+    that straddled two would be admitted up to the limit in each."""
+    now = time.time() if now is None else now
+    return next(w for w in range(3600, 3500, -1) if w - now % w >= margin)

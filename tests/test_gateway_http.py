@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from llm_gateway.testing.fake_upstream import FakeUpstream, Fault
-from tests.support import free_port
+from tests.support import free_port, roomy_window
 
 CHAT = {"model": "llama-3.3-70b", "messages": [{"role": "user", "content": "Hello"}]}
 
@@ -145,13 +145,14 @@ def test_413_body_over_limit(start_gateway, fake: FakeUpstream) -> None:
 
 
 def test_429_with_retry_after_and_headers(gw, fake: FakeUpstream) -> None:
-    key = gw.key(rate_limit_requests=3, rate_limit_window_seconds=60)
+    window = roomy_window()  # it must not roll over before the fourth request
+    key = gw.key(rate_limit_requests=3, rate_limit_window_seconds=window)
     statuses = [post(gw.url, key).status_code for _ in range(3)]
     assert statuses == [200, 200, 200]
     limited = post(gw.url, key)
     error = assert_error(limited, 429, "rate_limit_exceeded")
     assert error["type"] == "rate_limit_error"
-    assert 1 <= int(limited.headers["retry-after"]) <= 60
+    assert 1 <= int(limited.headers["retry-after"]) <= window
     assert limited.headers["x-ratelimit-remaining-requests"] == "0"
     assert limited.headers["x-ratelimit-limit-requests"] == "3"
     assert len(fake.requests) == 3

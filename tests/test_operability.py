@@ -31,6 +31,7 @@ from tests.support import (
     BIN,
     create_key,
     free_port,
+    roomy_window,
     serve_in_thread,
     stop_process,
     wait_until_up,
@@ -80,9 +81,9 @@ def gateway_for(kind: str, tmp_path: Path, fake_url: str, monkeypatch: Any,
 def test_counters_equal_what_was_sent(kind: str, tmp_path: Path, fake: FakeUpstream,
                                       fake_url: str, monkeypatch, ca_dir: Path) -> None:  # noqa: F811  # type: ignore[no-untyped-def]
     with gateway_for(kind, tmp_path, fake_url, monkeypatch, ca_dir) as (base, metrics, settings):
-        # An hour's window: a minute's could roll over between its second and third request.
+        # An hour's window far from its end: it must not roll over before the third request.
         one, one_key = create_key(settings.database_url, name="one", rate_limit_requests=2,
-                                  rate_limit_window_seconds=3600)
+                                  rate_limit_window_seconds=roomy_window())
         two, two_key = create_key(settings.database_url, name="two")
 
         def chat(key: str, model: str, **extra: Any) -> httpx.Response:

@@ -35,6 +35,7 @@ from tests.support import (
     postgres_reachable,
     private_redis,
     redis_reachable,
+    roomy_window,
 )
 
 CHAT = {"model": "llama-3.3-70b", "messages": [{"role": "user", "content": "Hello"}]}
@@ -51,12 +52,6 @@ def replica_env(fake_url: str, database_url: str, redis_url: str | None,
                 **extra: str) -> dict[str, str]:
     return {"DATABASE_URL": database_url, "REDIS_URL": redis_url or "",
             "VENICE_API_KEY": "sk-fake-upstream", "VENICE_BASE_URL": fake_url, **extra}
-
-
-def roomy_window(server_now: float, margin: float = 120) -> int:
-    """A window (about an hour) with at least ``margin`` seconds left on the limiter's
-    clock, so the burst below cannot straddle two fixed windows."""
-    return next(w for w in (3600, 3599, 3598) if w - server_now % w >= margin)
 
 
 def server_now(backend: str, database_url: str) -> float:

@@ -44,7 +44,15 @@ from llm_gateway.routing.table import HealthPolicy
 from llm_gateway.testing.fake_upstream import FakeUpstream
 from llm_gateway.wiring import build_gateway
 from tests.billing_support import set_budget
-from tests.support import BIN, create_key, free_port, stop_process, usage_records, wait_until_up
+from tests.support import (
+    BIN,
+    create_key,
+    free_port,
+    roomy_window,
+    stop_process,
+    usage_records,
+    wait_until_up,
+)
 
 CHAT = {"model": "llama-3.3-70b", "messages": [{"role": "user", "content": "Hello"}]}
 
@@ -143,13 +151,6 @@ def connections_held(pid: int, port: int) -> int:
         if fields[3] == "01" and local_port == port and fields[9] in inodes:
             held += 1
     return held
-
-
-def roomy_window(margin: float = 120) -> int:
-    """A window (about an hour) with at least ``margin`` seconds left, so that the burst
-    cannot straddle two fixed windows."""
-    now = time.time()
-    return next(w for w in (3600, 3599, 3598) if w - now % w >= margin)
 
 
 @dataclass
