@@ -10,15 +10,28 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from llm_gateway.version import VERSION as __version__
+
 if TYPE_CHECKING:
     from llm_gateway.config import Settings, load_settings
     from llm_gateway.engine import Gateway
     from llm_gateway.http_types import IncomingRequest
     from llm_gateway.wiring import build_gateway
 
-__all__ = ["Gateway", "GatewayError", "IncomingRequest", "Settings", "acting_as",
-           "anthropic_client", "async_anthropic_client", "async_openai_client", "build_gateway",
-           "load_settings", "openai_client"]
+__all__ = [
+    "Gateway",
+    "GatewayError",
+    "IncomingRequest",
+    "Settings",
+    "__version__",
+    "acting_as",
+    "anthropic_client",
+    "async_anthropic_client",
+    "async_openai_client",
+    "build_gateway",
+    "load_settings",
+    "openai_client",
+]
 
 _HOMES = {
     "Gateway": "llm_gateway.engine",

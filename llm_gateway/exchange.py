@@ -7,7 +7,6 @@ one ``UsageRecord`` and hands it to the gateway's record sinks, once, whatever h
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import logging
 import random
@@ -32,6 +31,7 @@ from llm_gateway.routing.router import Plan
 from llm_gateway.routing.table import ProviderConfig, Target
 from llm_gateway.telemetry.tracing import Trace
 from llm_gateway.tokens import estimate_chars
+from llm_gateway.version import VERSION
 
 # Which account the server-held key bills (an OpenAI key may belong to several
 # organizations and projects): the gateway's to set (a provider's `headers:`), never a
@@ -59,10 +59,7 @@ GATEWAY_HEADER_PREFIX = "x-llm-gateway-"
 UPSTREAM_REQUEST_ID = "x-llm-gateway-upstream-request-id"
 # nginx's convention for "the client closed the request".
 CLIENT_CLOSED_REQUEST = 499
-try:
-    USER_AGENT = f"llm-gateway/{importlib.metadata.version('llm-gateway')}"
-except importlib.metadata.PackageNotFoundError:  # a checkout that was never installed
-    USER_AGENT = "llm-gateway/0"
+USER_AGENT = f"llm-gateway/{VERSION}"
 
 RecordSink = Callable[[UsageRecord, "Exchange"], None]
 ProgressSink = Callable[[str, dict[str, object]], None]

@@ -5,7 +5,6 @@ other route needs an admin token. Every error is OpenAI-shaped, as on the public
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import sqlite3
 from typing import Any
@@ -24,6 +23,7 @@ from llm_gateway.admin.common import BIGINT_MAX, AdminError
 from llm_gateway.admin.schemas import ADMITTED_PATTERN, MONEY_PATTERN, MONEY_RULE
 from llm_gateway.engine import Gateway
 from llm_gateway.stores import StoreUnavailable
+from llm_gateway.version import VERSION
 
 OPENAPI_PATH = "/admin/v1/openapi.json"
 _log = logging.getLogger(__name__)
@@ -119,10 +119,7 @@ async def _store_down(request: Request, exc: Exception) -> Response:
 
 
 def _version() -> str:
-    try:
-        return importlib.metadata.version("llm-gateway")
-    except importlib.metadata.PackageNotFoundError:
-        return "0"
+    return VERSION
 
 
 def build_admin_api(gateway: Gateway) -> FastAPI:

@@ -7,12 +7,13 @@ The validators take the exception to raise, because the same bad value is a star
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
+
+from llm_gateway.version import VERSION
 
 ANNOTATION_PREFIX = "llm-gateway.io/"
 INJECT_KEY = "llm-gateway.io/inject"
@@ -130,10 +131,7 @@ class InjectorSettings:
 
 def _default_sidecar_image() -> str:
     # The image built from this very version; deployments set LLM_GATEWAY_SIDECAR_IMAGE.
-    try:
-        return f"llm-gateway:{importlib.metadata.version('llm-gateway')}"
-    except importlib.metadata.PackageNotFoundError:
-        return "llm-gateway:latest"
+    return f"llm-gateway:{VERSION}"
 
 
 def copy_resources(resources: Resources) -> dict[str, dict[str, str]]:
