@@ -93,6 +93,14 @@ def _bind_side(bind: HostPort) -> socket.socket | None:
         return None
 
 
+def bind_listeners(public: HostPort, side: Sequence[HostPort] = ()) -> Listeners:
+    """The public listener (OSError when its address is taken) and each side listener
+    whose address is free, bound before anything else starts."""
+    sock = _bind(public)
+    return Listeners(sock, {bind: side_sock for bind in side
+                            if (side_sock := _bind_side(bind)) is not None})
+
+
 @dataclass(frozen=True, slots=True)
 class Listeners:
     """Sockets bound before the servers start (by the supervisor, for its workers)."""
@@ -201,12 +209,10 @@ def run_workers(settings: Settings, worker: WorkerMain, *, side: Sequence[HostPo
     one and each of ``side``) until SIGTERM or SIGINT; the exit status: 0 when every worker
     stopped cleanly. ``reload_settings`` reads the settings again (SIGHUP)."""
     try:
-        public = _bind(settings.bind)
+        listeners = bind_listeners(settings.bind, side)
     except OSError as exc:
         log.error("cannot listen on %s: %s", settings.bind, exc.strerror)
         return STARTUP_FAILURE
-    side_sockets = {bind: sock for bind in side if (sock := _bind_side(bind)) is not None}
-    listeners = Listeners(public, side_sockets)
     try:
         return _Supervisor(settings, listeners, worker, reload_settings).run()
     finally:

@@ -7,13 +7,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from llm_gateway.cli import admin, billing, keys, providers, routes, run, usage
+from llm_gateway.cli import admin, billing, demo, keys, providers, routes, run, usage
 from llm_gateway.cli.common import config_failure, settings_from
 from llm_gateway.config import ConfigError
 from llm_gateway.telemetry.logs import configure_logging
+from llm_gateway.version import VERSION
 
 # In the order `--help` lists them.
-COMMAND_GROUPS = (run, keys, admin, billing, usage, providers, routes)
+COMMAND_GROUPS = (run, demo, keys, admin, billing, usage, providers, routes)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", metavar="FILE",
                         help="YAML settings file (or LLM_GATEWAY_CONFIG); the environment wins")
+    parser.add_argument("--version", action="version", version=f"llm-gateway {VERSION}")
     commands = parser.add_subparsers(dest="command", required=True)
     for group in COMMAND_GROUPS:
         group.register(commands)

@@ -5,16 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
-import os
-import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from llm_gateway.cli.common import config_failure, settings_from
-from llm_gateway.cli.keys import create_key
-from llm_gateway.config import ConfigError, Secret, Settings, host_port_argument, parse_workers
-from llm_gateway.keys import KeyRecord
+from llm_gateway.config import ConfigError, Settings, host_port_argument, parse_workers
 from llm_gateway.stores import open_store
 
 if TYPE_CHECKING:
@@ -29,9 +24,6 @@ def register(commands: Any) -> None:
         help="worker processes sharing the listening socket: a number, or auto (the CPUs "
              "this process may use); default: WORKERS, else 1")
     serve.set_defaults(handler=cmd_serve)
-    commands.add_parser(
-        "demo", help="run the gateway in front of the bundled fake upstream, with a dev key"
-    ).set_defaults(handler=cmd_demo)
     commands.add_parser("migrate", help="apply database migrations and exit").set_defaults(
         handler=cmd_migrate)
 
@@ -102,59 +94,6 @@ def _worker(settings: Settings, listeners: Listeners, started: Callable[[], None
         return _serve(settings, listeners, started)
     except ConfigError as exc:  # found while building the gateway (routes, prices)
         return config_failure(exc)
-
-
-DEMO_MODEL = "llama-3.3-70b"
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from llm_gateway.adapters.asgi import create_app
-    from llm_gateway.adapters.server import run_server
-    from llm_gateway.testing.fake_upstream import FakeUpstream, running_fake_upstream
-
-    settings = settings_from(args)
-    if "DATABASE_URL" not in os.environ:
-        settings = dataclasses.replace(settings, database_url="sqlite:///./llm-gateway-demo.db")
-    fake = FakeUpstream(chunk_delay=0.05, record=False)
-    with running_fake_upstream(fake) as (_, base_url):
-        settings = dataclasses.replace(
-            settings, venice_base_url=base_url, venice_api_key=Secret(fake.api_key)
-        )
-        record, key = asyncio.run(create_key(settings, name="demo", subject_id="demo-user"))
-        gateway_url = f"http://{settings.bind_host}:{settings.bind_port}"
-        print(_demo_banner(gateway_url, base_url, record, key), flush=True)
-        run_server(create_app(settings), settings)
-    return 0
-
-
-def _demo_banner(gateway_url: str, upstream_url: str, record: KeyRecord, key: str) -> str:
-    body = json.dumps({"model": DEMO_MODEL, "messages": [{"role": "user", "content": "Hello!"}]})
-    return f"""
-llm-gateway demo: a gateway on embedded defaults in front of the bundled fake upstream.
-  gateway:        {gateway_url}   (health: {gateway_url}/healthz)
-  fake upstream:  {upstream_url}  (stands in for Venice; no provider key needed)
-  gateway key:    {record.prefix}…  (created for this demo; `llm-gateway keys list` shows it)
-
-Call it with curl:
-
-curl -s {gateway_url}/v1/chat/completions \\
-  -H "Authorization: Bearer {key}" \\
-  -H "Content-Type: application/json" \\
-  -d '{body}'
-
-Or with the openai SDK:
-
-{sys.executable} - <<'PY'
-from openai import OpenAI
-client = OpenAI(base_url="{gateway_url}/v1", api_key="{key}")
-reply = client.chat.completions.create(
-    model="{DEMO_MODEL}", messages=[{{"role": "user", "content": "Hello!"}}]
-)
-print(reply.choices[0].message.content)
-PY
-
-Ctrl-C stops the demo.
-"""
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
