@@ -902,4 +902,34 @@ MIGRATIONS: tuple[Migration, ...] = (
                 CHECK (long_cache_write_1h_per_mtok >= 0);
         """,
     ),
+    Migration(
+        12,
+        "refusals: requests the gateway refused before admission, counted per minute",
+        # No usage record is made for a request that was never admitted: its refusal is
+        # counted here (llm_gateway.billing.refusals), one row per minute, key ('' when
+        # none authenticated), subject, status and code, added to by every replica's
+        # upsert. Kept as long as usage records (USAGE_RETENTION_DAYS), by its index.
+        sqlite="""
+        CREATE TABLE refusal_counts (
+            minute INTEGER NOT NULL,
+            key_id TEXT NOT NULL,
+            subject_id TEXT NOT NULL,
+            status INTEGER NOT NULL CHECK (status BETWEEN 400 AND 599),
+            code TEXT NOT NULL CHECK (length(code) > 0),
+            requests INTEGER NOT NULL CHECK (requests > 0),
+            PRIMARY KEY (minute, key_id, subject_id, status, code)
+        );
+        """,
+        postgres="""
+        CREATE TABLE refusal_counts (
+            minute TIMESTAMPTZ NOT NULL,
+            key_id TEXT NOT NULL,
+            subject_id TEXT NOT NULL,
+            status INTEGER NOT NULL CHECK (status BETWEEN 400 AND 599),
+            code TEXT NOT NULL CHECK (length(code) > 0),
+            requests BIGINT NOT NULL CHECK (requests > 0),
+            PRIMARY KEY (minute, key_id, subject_id, status, code)
+        );
+        """,
+    ),
 )
