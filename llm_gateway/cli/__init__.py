@@ -27,7 +27,19 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     for group in COMMAND_GROUPS:
         group.register(commands)
+    _accept_config_anywhere(commands)
     return parser
+
+
+def _accept_config_anywhere(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``--config`` after a subcommand too (``serve --config FILE``), as users write it;
+    SUPPRESS: where it is not given, the value before the subcommand stands."""
+    for command in set(commands.choices.values()):
+        command.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
+                             help="YAML settings file (as before the subcommand)")
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _accept_config_anywhere(action)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
