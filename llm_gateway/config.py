@@ -261,7 +261,24 @@ class Settings:
 Parser = Callable[[Any], Any]
 
 
+def _accepts(kind: str) -> Callable[[Parser], Parser]:
+    """Names the values a parser takes, as the configuration reference shows them (next to
+    the rule itself, so the page cannot describe another one)."""
+
+    def mark(parse: Parser) -> Parser:
+        parse.accepts = kind  # type: ignore[attr-defined]
+        return parse
+
+    return mark
+
+
+def accepted_values(parse: Parser) -> str:
+    """What ``parse`` takes, in words (``_accepts``); empty for an unmarked parser."""
+    return str(getattr(parse, "accepts", ""))
+
+
 def _url(*schemes: str) -> Parser:
+    @_accepts(" or ".join(f"{scheme}://" for scheme in schemes) + " URL")
     def parse(raw: Any) -> str:
         text = str(raw)
         parts = urlsplit(text)
@@ -275,6 +292,8 @@ def _url(*schemes: str) -> Parser:
 
 
 def _integer(minimum: int, maximum: int | None = None) -> Parser:
+    @_accepts(f"integer from {minimum} to {maximum}" if maximum is not None
+              else f"integer, at least {minimum}")
     def parse(raw: Any) -> int:
         try:
             value = int(str(raw).strip())
@@ -298,6 +317,7 @@ def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
     return max(1, cpus or 1)
 
 
+@_accepts("integer, at least 1, or auto")
 def parse_workers(raw: Any) -> int:
     """``auto`` (the usable CPUs) or a count of at least 1."""
     if str(raw).strip().lower() == "auto":
@@ -311,6 +331,7 @@ def parse_workers(raw: Any) -> int:
     return value
 
 
+@_accepts("seconds (a number > 0)")
 def _seconds(raw: Any) -> float:
     try:
         value = float(str(raw).strip())
@@ -321,6 +342,7 @@ def _seconds(raw: Any) -> float:
     return value
 
 
+@_accepts("true or false")
 def _boolean(raw: Any) -> bool:
     text = str(raw).strip().lower()
     if text in {"1", "true", "yes", "on"}:
@@ -331,6 +353,7 @@ def _boolean(raw: Any) -> bool:
 
 
 def _choice(enum: type[StrEnum]) -> Parser:
+    @_accepts(" or ".join(member.value for member in enum))
     def parse(raw: Any) -> StrEnum:
         try:
             return enum(str(raw).strip().lower())
@@ -342,6 +365,7 @@ def _choice(enum: type[StrEnum]) -> Parser:
 
 
 def _one_of(*choices: str) -> Parser:
+    @_accepts(" or ".join(choices))
     def parse(raw: Any) -> str:
         text = str(raw).strip().lower()
         if text not in choices:
@@ -352,6 +376,7 @@ def _one_of(*choices: str) -> Parser:
 
 
 def _number_from(low: float, high: float, what: str) -> Parser:
+    @_accepts(f"number from {low:g} to {high:g}")
     def parse(raw: Any) -> float:
         try:
             value = float(str(raw).strip())
@@ -367,6 +392,7 @@ def _number_from(low: float, high: float, what: str) -> Parser:
 _fraction = _number_from(0, 1, "a number from 0 to 1")
 
 
+@_accepts("secret text (no white space)")
 def _secret(raw: Any) -> Secret:
     text = str(raw)
     if any(ch.isspace() for ch in text):
@@ -374,10 +400,12 @@ def _secret(raw: Any) -> Secret:
     return Secret(text)
 
 
+@_accepts("text")
 def _text(raw: Any) -> str:
     return str(raw)
 
 
+@_accepts("path starting with /")
 def _api_prefix(raw: Any) -> str:
     prefix = str(raw)
     if not prefix.startswith("/"):
@@ -385,6 +413,7 @@ def _api_prefix(raw: Any) -> str:
     return prefix.rstrip("/")
 
 
+@_accepts("mapping of host[:port] to API root path")
 def _llm_hosts(raw: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(raw, dict) or not raw:
         raise ValueError("must be a non-empty mapping of host to API root path")
@@ -397,6 +426,7 @@ def _llm_hosts(raw: Any) -> tuple[tuple[str, str], ...]:
     return tuple(hosts)
 
 
+@_accepts("list of 'METHOD /path'")
 def _endpoints(raw: Any) -> tuple[str, ...]:
     if not isinstance(raw, list) or not raw:
         raise ValueError("must be a non-empty list of 'METHOD /path'")
@@ -410,11 +440,13 @@ def _endpoints(raw: Any) -> tuple[str, ...]:
 
 
 # admin plane parsers
+@_accepts("HOST:PORT, or off")
 def _optional_host_port(raw: Any) -> HostPort | None:
     """``HOST:PORT``, or ``off`` for a listener that is not started."""
     return None if str(raw).strip().lower() == "off" else parse_host_port(raw)
 
 
+@_accepts("claim name")
 def _claim_name(raw: Any) -> str:
     name = str(raw).strip()
     if not name or any(ch.isspace() for ch in name):
@@ -423,70 +455,160 @@ def _claim_name(raw: Any) -> str:
 # end of admin plane parsers
 
 
+@_accepts("mapping: provider, model, rates (see prices below)")
+def _as_written(raw: Any) -> Any:
+    """A section another module reads (``prices:``: llm_gateway.billing.prices)."""
+    return raw
+
+
+_accepts("HOST:PORT")(parse_host_port)
+
+
 @dataclass(frozen=True, slots=True)
 class Variable:
     """One setting: its variable (the YAML key is the same name in lower case), the
-    Settings field it fills, and its parser. ``blank_is_unset``: an empty value leaves the
-    default (for settings whose default is "none")."""
+    Settings field it fills, its parser and what it means. ``blank_is_unset``: an empty
+    value leaves the default (for settings whose default is "none")."""
 
     name: str
     field: str
     parse: Parser
     blank_is_unset: bool = False
     file_only: bool = False  # a structure, not a string: YAML only
+    # What it does, in the configuration reference (docs/reference/configuration.md is
+    # generated from these rows: `make docs-reference`).
+    meaning: str = ""
 
 
 VARIABLES: tuple[Variable, ...] = (
-    Variable("BIND_ADDR", "bind", parse_host_port),
-    Variable("DATABASE_URL", "database_url", _url("sqlite", "postgresql", "postgres")),
-    Variable("REDIS_URL", "redis_url", _url("redis", "rediss", "unix"), blank_is_unset=True),
-    Variable("REDIS_NAMESPACE", "redis_namespace", _text, blank_is_unset=True),
-    Variable("VENICE_API_KEY", "venice_api_key", _secret, blank_is_unset=True),
-    Variable("VENICE_BASE_URL", "venice_base_url", _url("http", "https"), blank_is_unset=True),
-    Variable("OTEL_SERVICE_NAME", "otel_service_name", _text, blank_is_unset=True),
+    Variable("BIND_ADDR", "bind", parse_host_port,
+             meaning="where `serve` listens (`[::1]:PORT` for IPv6)"),
+    Variable("DATABASE_URL", "database_url", _url("sqlite", "postgresql", "postgres"),
+             meaning="keys, usage records, prices, budgets, admin route changes, stored provider"
+             " keys and the audit log; `postgresql://…` for state shared by replicas"),
+    Variable("REDIS_URL", "redis_url", _url("redis", "rediss", "unix"), blank_is_unset=True,
+             meaning="rate limits, budget counters and passive health shared by replicas; unset:"
+             " each process keeps its own"),
+    Variable("REDIS_NAMESPACE", "redis_namespace", _text, blank_is_unset=True,
+             meaning="prefix of every Redis key the gateway writes: deployments sharing one Redis"
+             " keep apart by it"),
+    Variable("VENICE_API_KEY", "venice_api_key", _secret, blank_is_unset=True,
+             meaning="the legacy provider's key, held only by the gateway: required by `serve` and"
+             " `sidecar` when the file has no `providers:`"),
+    Variable("VENICE_BASE_URL", "venice_base_url", _url("http", "https"), blank_is_unset=True,
+             meaning="the legacy provider's API root; the sidecar intercepts its host in any case"),
+    Variable("OTEL_SERVICE_NAME", "otel_service_name", _text, blank_is_unset=True,
+             meaning="`service.name` of exported spans and metrics"),
     Variable("OTEL_EXPORTER_OTLP_ENDPOINT", "otel_exporter_otlp_endpoint",
-             _url("http", "https"), blank_is_unset=True),
-    Variable("REQUEST_TIMEOUT_SECONDS", "request_timeout_seconds", _seconds),
-    Variable("REQUEST_BODY_LIMIT_BYTES", "request_body_limit_bytes", _integer(1)),
-    Variable("VENICE_MAX_RETRIES", "venice_max_retries", _integer(0, 10)),
-    Variable("CAPTURE_GENAI_CONTENT", "capture_genai_content", _boolean),
-    Variable("AUTH_FAILURE_POLICY", "auth_failure_policy", _choice(FailurePolicy)),
-    Variable("RATE_LIMIT_FAILURE_POLICY", "rate_limit_failure_policy", _choice(FailurePolicy)),
-    Variable("EGRESS_POLICY", "egress_policy", _choice(EgressPolicy)),
-    Variable("WORKERS", "workers", parse_workers),
+             _url("http", "https"), blank_is_unset=True,
+             meaning="OTLP/HTTP collector (`http://collector:4318`): spans to `/v1/traces`, GenAI"
+             " metrics to `/v1/metrics`; unset: nothing exported"),
+    Variable("REQUEST_TIMEOUT_SECONDS", "request_timeout_seconds", _seconds,
+             meaning="the legacy provider's first-byte, read and stream-idle timeout (its connect"
+             " timeout is 5 s); providers of `providers:` have their own `timeouts`"),
+    Variable("REQUEST_BODY_LIMIT_BYTES", "request_body_limit_bytes", _integer(1),
+             meaning="the largest request body: 413 `request_too_large` above it"),
+    Variable("VENICE_MAX_RETRIES", "venice_max_retries", _integer(0, 10),
+             meaning="attempts after the first: `routing.max_attempts` defaults to this plus one,"
+             " with or without `providers:`"),
+    Variable("CAPTURE_GENAI_CONTENT", "capture_genai_content", _boolean,
+             meaning="put the request's messages on spans (`gen_ai.input.messages`) and its body"
+             " in access-log captures"),
+    Variable("AUTH_FAILURE_POLICY", "auth_failure_policy", _choice(FailurePolicy),
+             meaning="key store down: `fail-closed` answers 503 `key_store_unavailable`,"
+             " `fail-open` keeps serving keys this process already looked up (never unknown ones)"),
+    Variable("RATE_LIMIT_FAILURE_POLICY", "rate_limit_failure_policy", _choice(FailurePolicy),
+             meaning="shared limiter or budget counters down: `fail-open` counts in process"
+             " meanwhile, `fail-closed` answers 503 `rate_limiter_unavailable`"),
+    Variable("EGRESS_POLICY", "egress_policy", _choice(EgressPolicy),
+             meaning="sidecar: `allow` tunnels hosts other than the LLM hosts untouched, `deny`"
+             " answers them 403 `egress_denied`"),
+    Variable("WORKERS", "workers", parse_workers,
+             meaning="`serve`'s processes sharing one listening socket (`serve --workers N` wins);"
+             " `auto`: the CPUs the process may use (its affinity, bounded by a cgroup v2 quota)"),
     Variable("LIMIT_LEASE_SECONDS", "limit_lease_seconds",
-             _number_from(0, 60, "a number of seconds (0: no leases)")),
+             _number_from(0, 60, "a number of seconds (0: no leases)"),
+             meaning="shared limits and budgets: how long a lease lasts (room a busy key far from"
+             " its limit takes from Redis, Postgres or the workers' file ahead of time, so that"
+             " its requests are decided without a round trip); `0`: no leases, every request asks"
+             " the shared store"),
     # connection limits
-    Variable("HEADER_READ_TIMEOUT_SECONDS", "header_read_timeout_seconds", _seconds),
-    Variable("BODY_READ_TIMEOUT_SECONDS", "body_read_timeout_seconds", _seconds),
-    Variable("KEEPALIVE_TIMEOUT_SECONDS", "keepalive_timeout_seconds", _seconds),
-    Variable("MAX_HEADER_BYTES", "max_header_bytes", _integer(4096)),
+    Variable("HEADER_READ_TIMEOUT_SECONDS", "header_read_timeout_seconds", _seconds,
+             meaning="time to send a request line and headers, from connecting or from the first"
+             " byte after an idle spell: 408 `request_timeout` after it"),
+    Variable("BODY_READ_TIMEOUT_SECONDS", "body_read_timeout_seconds", _seconds,
+             meaning="time to send a body, after its headers: 408 `request_timeout` after it"),
+    Variable("KEEPALIVE_TIMEOUT_SECONDS", "keepalive_timeout_seconds", _seconds,
+             meaning="how long a connection may sit idle between requests before it is closed"),
+    Variable("MAX_HEADER_BYTES", "max_header_bytes", _integer(4096),
+             meaning="the largest request line plus headers: 431 `request_header_fields_too_large`"
+             " above it"),
     # engine limits
-    Variable("UPSTREAM_RESPONSE_LIMIT_BYTES", "upstream_response_limit_bytes", _integer(1024)),
-    Variable("SSE_EVENT_LIMIT_BYTES", "sse_event_limit_bytes", _integer(1024)),
+    Variable("UPSTREAM_RESPONSE_LIMIT_BYTES", "upstream_response_limit_bytes", _integer(1024),
+             meaning="the largest whole (non-stream) upstream answer, counted after decompression:"
+             " 502 `upstream_response_too_large` above it"),
+    Variable("SSE_EVENT_LIMIT_BYTES", "sse_event_limit_bytes", _integer(1024),
+             meaning="the largest event of an upstream stream: the stream ends with an in-band"
+             " `upstream_response_too_large` error above it"),
     # accounting
-    Variable("USAGE_SPOOL_DIR", "usage_spool_dir", _text, blank_is_unset=True),
-    Variable("USAGE_RETENTION_DAYS", "usage_retention_days", _integer(0)),
-    Variable("RESPONSES_RETENTION_DAYS", "responses_retention_days", _integer(1)),
+    Variable("USAGE_SPOOL_DIR", "usage_spool_dir", _text, blank_is_unset=True,
+             meaning="where usage records wait for the database; must be writable (else `serve`"
+             " and the sidecar refuse to start) and should outlive the process. Unset: beside the"
+             " SQLite file (`./llm-gateway-spool` for the default database); for Postgres"
+             " `/var/lib/llm-gateway/spool/` and 12 hex digits of the URL's SHA-256"),
+    Variable("USAGE_RETENTION_DAYS", "usage_retention_days", _integer(0),
+             meaning="the days of usage records kept before today (UTC); older ones are dropped at"
+             " start and once a day (Postgres: whole day partitions); `0`: keep all"),
+    Variable("RESPONSES_RETENTION_DAYS", "responses_retention_days", _integer(1),
+             meaning="how long the gateway remembers whose a stored response (Responses API) is,"
+             " and which target made it"),
     # observability
-    Variable("METRICS_KEY_LABEL", "metrics_key_label", _one_of("none", "prefix", "name")),
-    Variable("ACCESS_LOG", "access_log", _one_of("json", "off")),
-    Variable("LOG_FORMAT", "log_format", _one_of("json", "text")),
-    Variable("AUDIT_SAMPLE_RATE", "audit_sample_rate", _fraction),
-    Variable("AUDIT_ERRORS", "audit_errors", _boolean),
-    Variable("ALLOWED_ENDPOINTS", "allowed_endpoints", _endpoints, file_only=True),
-    Variable("API_PREFIX", "api_prefix", _api_prefix, file_only=True),
-    Variable("LLM_HOSTS", "llm_hosts", _llm_hosts, file_only=True),
-    Variable("PRICES", "prices", lambda raw: raw, file_only=True),
+    Variable("METRICS_KEY_LABEL", "metrics_key_label", _one_of("none", "prefix", "name"),
+             meaning="how a key is named in metric labels: its prefix, its name, or `none` (the"
+             " subject label is then `none` too)"),
+    Variable("ACCESS_LOG", "access_log", _one_of("json", "off"),
+             meaning="`json`: one JSON line per request on stderr; `off`: none"),
+    Variable("LOG_FORMAT", "log_format", _one_of("json", "text"),
+             meaning="the process's own log lines (the gateway's, uvicorn's, mitmproxy's)"),
+    Variable("AUDIT_SAMPLE_RATE", "audit_sample_rate", _fraction,
+             meaning="the share of access-log lines that carry a `capture`"),
+    Variable("AUDIT_ERRORS", "audit_errors", _boolean,
+             meaning="`true`: every failed request's access-log line carries a `capture` too"),
+    Variable("ALLOWED_ENDPOINTS", "allowed_endpoints", _endpoints, file_only=True,
+             meaning="the provider endpoints (a method and a path under the API root) the"
+             " server-held key may be used for; nothing else on a provider is reachable"),
+    Variable("API_PREFIX", "api_prefix", _api_prefix, file_only=True,
+             meaning="where the ASGI adapter (and the sidecar's reverse mode) serves the gateway"
+             " routes; `/` puts them at the server's root"),
+    Variable("LLM_HOSTS", "llm_hosts", _llm_hosts, file_only=True,
+             meaning="the hosts the sidecar intercepts, each with its API root path; the host of"
+             " `VENICE_BASE_URL` and of every provider is added"),
+    Variable("PRICES", "prices", _as_written, file_only=True,
+             meaning="a seed for the price table, read at start-up; a price set in the database"
+             " for the same provider, model and start wins"),
     # admin plane
-    Variable("ADMIN_BIND_ADDR", "admin_bind", _optional_host_port),
-    Variable("LLM_GATEWAY_SECRET_KEY", "secret_key", _secret, blank_is_unset=True),
-    Variable("JWT_JWKS_URL", "jwt_jwks_url", _url("http", "https"), blank_is_unset=True),
-    Variable("JWT_PUBLIC_KEY", "jwt_public_key", _text, blank_is_unset=True),
-    Variable("JWT_ISSUER", "jwt_issuer", _text, blank_is_unset=True),
-    Variable("JWT_AUDIENCE", "jwt_audience", _text, blank_is_unset=True),
-    Variable("JWT_SUBJECT_CLAIM", "jwt_subject_claim", _claim_name, blank_is_unset=True),
-    Variable("JWT_MODELS_CLAIM", "jwt_models_claim", _claim_name, blank_is_unset=True),
+    Variable("ADMIN_BIND_ADDR", "admin_bind", _optional_host_port,
+             meaning="the admin API, the console and the probes, started by `serve`; `off`: not"
+             " started"),
+    Variable("LLM_GATEWAY_SECRET_KEY", "secret_key", _secret, blank_is_unset=True,
+             meaning="the key provider keys are encrypted under at rest: base64 of 32 bytes, or a"
+             " passphrase of at least 32 characters"),
+    Variable("JWT_JWKS_URL", "jwt_jwks_url", _url("http", "https"), blank_is_unset=True,
+             meaning="JWT callers: the identity provider's JWKS, fetched with a 5 s timeout,"
+             " cached for 5 minutes, fetched again for an unknown `kid` (at most every 30 s)"),
+    Variable("JWT_PUBLIC_KEY", "jwt_public_key", _text, blank_is_unset=True,
+             meaning="JWT callers, instead of a JWKS: one PEM public key, inline or a file's path"),
+    Variable("JWT_ISSUER", "jwt_issuer", _text, blank_is_unset=True,
+             meaning="the `iss` a JWT must carry (required with `JWT_JWKS_URL` or"
+             " `JWT_PUBLIC_KEY`)"),
+    Variable("JWT_AUDIENCE", "jwt_audience", _text, blank_is_unset=True,
+             meaning="the `aud` a JWT must carry (required with `JWT_JWKS_URL` or"
+             " `JWT_PUBLIC_KEY`)"),
+    Variable("JWT_SUBJECT_CLAIM", "jwt_subject_claim", _claim_name, blank_is_unset=True,
+             meaning="the JWT claim naming the subject"),
+    Variable("JWT_MODELS_CLAIM", "jwt_models_claim", _claim_name, blank_is_unset=True,
+             meaning="the JWT claim listing the models allowed (a list, or a space-separated"
+             " string); unset: every model"),
     # end of admin plane
 )
 _SETTINGS_FIELDS = {f.name for f in fields(Settings)}
