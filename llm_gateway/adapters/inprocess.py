@@ -155,10 +155,22 @@ _exit_registered = False
 
 
 def _register_exit() -> None:
+    """Close the engine threads' engines at exit, while the standard library's thread
+    pools still take work: closing writes the last usage records and key touches through
+    the store's executor, and ``concurrent.futures`` shuts every pool down in the
+    interpreter's threading exit hooks, before ``atexit``'s (so an ``atexit`` handler
+    met "cannot schedule new futures after shutdown" and lost that work). Those hooks run
+    latest-registered first; this one is registered after the pools' own (imported here
+    if need be), so it runs before the pools close."""
     global _exit_registered
     if not _exit_registered:
         _exit_registered = True
-        atexit.register(_stop_all)
+        import concurrent.futures.thread  # noqa: F401  (registers the pools' exit hook)
+
+        try:
+            threading._register_atexit(_stop_all)  # type: ignore[attr-defined]
+        except (AttributeError, RuntimeError):  # not CPython; or the interpreter is exiting
+            atexit.register(_stop_all)
 
 
 def _stop_all() -> None:
