@@ -107,6 +107,17 @@ class FailurePolicy(StrEnum):
     FAIL_CLOSED = "fail-closed"  # refuse with 503 until the backend is back
 
 
+class RateLimitAlgorithm(StrEnum):
+    """How a key's (or JWT subject's) limit of N requests per W seconds is counted
+    (llm_gateway.limits)."""
+
+    # A bucket of the key's burst (default N) refilled at N / W per second: at most
+    # burst + N * S / W in any S seconds, so no 2N across a window's edge.
+    TOKEN_BUCKET = "token-bucket"
+    # Epoch-aligned windows of W seconds, N in each: up to 2N around an edge.
+    FIXED_WINDOW = "fixed-window"
+
+
 DEFAULT_ENDPOINTS = (
     "POST /chat/completions", "POST /embeddings", "GET /models", "GET /models/{id}",
     "POST /messages", "POST /messages/count_tokens",
@@ -149,6 +160,9 @@ class Settings:
     # Limits fail open by default: an outage of Redis should not take the API down;
     # each replica then counts on its own.
     rate_limit_failure_policy: FailurePolicy = FailurePolicy.FAIL_OPEN
+    # Keys' and subjects' request limits as a token bucket, as the design asks: a limit
+    # then holds over every span, not only inside windows (fixed-window stays selectable).
+    rate_limit_algorithm: RateLimitAlgorithm = RateLimitAlgorithm.TOKEN_BUCKET
     # `serve`'s processes; several share limits, budgets and health (see wiring.py).
     workers: int = 1
     # Shared limits and budgets (Redis, Postgres, the workers' file): how long a lease of
@@ -520,6 +534,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("RATE_LIMIT_FAILURE_POLICY", "rate_limit_failure_policy", _choice(FailurePolicy),
              meaning="shared limiter or budget counters down: `fail-open` counts in process"
              " meanwhile, `fail-closed` answers 503 `rate_limiter_unavailable`"),
+    Variable("RATE_LIMIT_ALGORITHM", "rate_limit_algorithm", _choice(RateLimitAlgorithm),
+             meaning="how keys' and JWT subjects' request limits count: `token-bucket` (a key's"
+             " burst, default its limit, refilled at limit / window per second: no twice the limit"
+             " across a window's edge) or `fixed-window` (epoch-aligned windows)"),
     Variable("EGRESS_POLICY", "egress_policy", _choice(EgressPolicy),
              meaning="sidecar: `allow` tunnels hosts other than the LLM hosts untouched, `deny`"
              " answers them 403 `egress_denied`"),
