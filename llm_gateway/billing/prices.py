@@ -128,6 +128,17 @@ def prices_from_settings(raw: Any) -> list[Price]:
 _RATES = {"input": "input_per_mtok", "output": "output_per_mtok",
           "cached_input": "cached_input_per_mtok", "cache_write": "cache_write_per_mtok",
           "cache_write_1h": "cache_write_1h_per_mtok"}
+# What each key of a ``prices:`` entry means (the configuration reference shows them).
+PRICE_KEYS = {
+    "input": "USD per million input tokens (required)",
+    "output": "USD per million output tokens, reasoning included (required)",
+    "cached_input": "USD per million prompt tokens read from the provider's cache",
+    "cache_write": "USD per million prompt tokens written to the cache (Anthropic's 5-minute "
+                   "writes: 1.25 x input)",
+    "cache_write_1h": "USD per million prompt tokens written to the cache for an hour (2 x input)",
+    "from": "when the price comes into force: an ISO 8601 date or time, UTC unless it says; "
+            "unset: since always",
+}
 
 
 def _price(where: str, provider: str, model: str, entry: Any) -> Price:

@@ -13,6 +13,7 @@ from typing import Any
 
 from llm_gateway.config import ROUTE_KEYS, ConfigError, Secret, Settings
 from llm_gateway.providers import PROFILES, PROTOCOLS
+from llm_gateway.routing.schema import UNPRICED, keys_under
 from llm_gateway.routing.table import (
     HealthPolicy,
     ModelRoute,
@@ -21,9 +22,6 @@ from llm_gateway.routing.table import (
     Target,
     Timeouts,
 )
-
-# What a model without a price does for a key with a USD budget (``unpriced:``).
-UNPRICED = ("refuse", "allow")
 
 
 class RouteError(ConfigError, ValueError):
@@ -101,8 +99,7 @@ def legacy_provider(settings: Settings) -> ProviderConfig:
 def _provider(name: str, raw: Any, environ: Mapping[str, str]) -> ProviderConfig:
     where = f"providers.{name}"
     entry = _mapping(where, raw)
-    _only(where, entry, {"base_url", "api_key_env", "auth", "headers", "profile",
-                         "max_concurrency", "timeouts", "limits", "protocols", "unpriced"})
+    _only(where, entry, keys_under("providers.NAME"))
     base_url = str(entry.get("base_url") or "").rstrip("/")
     if not base_url.startswith(("http://", "https://")):
         raise RouteError(f"{where}.base_url: expected an http(s) URL, got {base_url!r}")
@@ -113,7 +110,7 @@ def _provider(name: str, raw: Any, environ: Mapping[str, str]) -> ProviderConfig
     key = environ.get(str(key_env)) if key_env else None
     headers = _mapping(f"{where}.headers", entry.get("headers") or {})
     limits = _mapping(f"{where}.limits", entry.get("limits") or {})
-    _only(f"{where}.limits", limits, {"requests_per_minute", "tokens_per_minute"})
+    _only(f"{where}.limits", limits, keys_under("providers.NAME.limits"))
     return ProviderConfig(
         name=name, base_url=base_url, profile=profile,
         api_key=Secret(key) if key else None, api_key_env=str(key_env) if key_env else None,
@@ -161,7 +158,7 @@ def _auth_header(where: str, raw: Any) -> str | None:
 def _timeouts(where: str, raw: Any) -> Timeouts:
     entry = _mapping(where, raw)
     defaults = Timeouts()
-    _only(where, entry, set(Timeouts.__dataclass_fields__))
+    _only(where, entry, keys_under("providers.NAME.timeouts"))
     return Timeouts(**{
         name: _seconds(f"{where}.{name}", entry.get(name, getattr(defaults, name)))
         for name in Timeouts.__dataclass_fields__
@@ -171,14 +168,14 @@ def _timeouts(where: str, raw: Any) -> Timeouts:
 def _model(name: str, raw: Any, providers: Mapping[str, ProviderConfig]) -> ModelRoute:
     where = f"models.{name}"
     entry = _mapping(where, raw)
-    _only(where, entry, {"targets", "context_window", "max_output_tokens", "timeouts"})
+    _only(where, entry, keys_under("models.ALIAS"))
     raw_targets = entry.get("targets")
     if not isinstance(raw_targets, list) or not raw_targets:
         raise RouteError(f"{where}.targets: expected a non-empty list")
     targets = tuple(_target(f"{where}.targets[{index}]", item, providers)
                     for index, item in enumerate(raw_targets))
     timeouts = _mapping(f"{where}.timeouts", entry.get("timeouts") or {})
-    _only(f"{where}.timeouts", timeouts, {"read"})
+    _only(f"{where}.timeouts", timeouts, keys_under("models.ALIAS.timeouts"))
     return ModelRoute(
         name=name, targets=targets,
         context_window=_optional_count(f"{where}.context_window", entry.get("context_window")),
@@ -191,8 +188,7 @@ def _model(name: str, raw: Any, providers: Mapping[str, ProviderConfig]) -> Mode
 
 def _target(where: str, raw: Any, providers: Mapping[str, ProviderConfig]) -> Target:
     entry = _mapping(where, raw)
-    _only(where, entry, {"provider", "model", "weight", "priority", "context_window",
-                         "unpriced"})
+    _only(where, entry, keys_under("models.ALIAS.targets[]"))
     provider = str(entry.get("provider", ""))
     if provider not in providers:
         raise RouteError(f"{where}.provider: {provider!r} is not a provider")
@@ -210,13 +206,12 @@ def _target(where: str, raw: Any, providers: Mapping[str, ProviderConfig]) -> Ta
 
 def _routing_options(raw: Any, settings: Settings | None) -> dict[str, Any]:
     entry = _mapping("routing", raw)
-    _only("routing", entry, {"max_attempts", "max_retry_wait_seconds", "health",
-                             "failed_requests"})
+    _only("routing", entry, keys_under("routing"))
     legacy_attempts = (settings.venice_max_retries + 1) if settings else 3
     health = _mapping("routing.health", entry.get("health") or {})
-    _only("routing.health", health, set(HealthPolicy.__dataclass_fields__))
+    _only("routing.health", health, keys_under("routing.health"))
     failed = _mapping("routing.failed_requests", entry.get("failed_requests") or {})
-    _only("routing.failed_requests", failed, {"limit", "window_seconds"})
+    _only("routing.failed_requests", failed, keys_under("routing.failed_requests"))
     attempts = _count("routing.max_attempts", entry.get("max_attempts", legacy_attempts))
     if attempts < 1:
         raise RouteError("routing.max_attempts: must be at least 1")
@@ -255,7 +250,7 @@ def _mapping(where: str, raw: Any) -> Mapping[str, Any]:
     return raw
 
 
-def _only(where: str, entry: Mapping[str, Any], allowed: set[str]) -> None:
+def _only(where: str, entry: Mapping[str, Any], allowed: frozenset[str]) -> None:
     if unknown := sorted(str(key) for key in entry if key not in allowed):
         raise RouteError(f"{where}: unknown key {unknown[0]!r}")
 
