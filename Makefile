@@ -5,10 +5,14 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench clean
 
-$(STAMP): pyproject.toml
+# Installed from the lockfile, every package checked against its hash; then the project
+# itself, with nothing more resolved or fetched (`make lock` refreshes the lock).
+LOCK := requirements/test.lock
+
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || "$$(scripts/find-python)" -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --require-hashes -r $(LOCK)
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -38,3 +42,41 @@ clean:
 observe:
 	@echo "Grafana: http://127.0.0.1:3030 (the llm-gateway dashboard, no login)  Prometheus: http://127.0.0.1:9090  gateway: http://127.0.0.1:3000"
 	docker compose --profile observe up --build
+
+# ---- supply chain: locks, SBOM, audit, release artifacts --------------------------------
+# uv resolves (universal, hashed, pip-format locks, in seconds); pip installs them, so a
+# fresh machine needs nothing but pip. Pinned versions stay unless UPGRADE=1.
+.PHONY: lock sbom audit dist wheel-check
+COMPILE = $(VENV)/bin/uv pip compile pyproject.toml --universal --generate-hashes \
+	--python-version 3.12 --quiet $(if $(UPGRADE),--upgrade)
+lock: $(STAMP)
+	$(COMPILE) requirements/build.in --extra test -o $(LOCK)
+	$(COMPILE) -o requirements/runtime.lock
+
+# The runtime's components (what the image and `pip install llm-gateway[all]` run), with
+# their hashes, as CycloneDX 1.6 JSON: dist/llm-gateway.cdx.json.
+sbom: $(STAMP)
+	mkdir -p dist
+	$(VENV)/bin/cyclonedx-py requirements requirements/runtime.lock --of JSON \
+		--output-reproducible --validate -o dist/llm-gateway.cdx.json
+	@echo "wrote dist/llm-gateway.cdx.json"
+
+# Known vulnerabilities in the locked runtime, from PyPI's advisory data (its per-release
+# JSON API: where that is not reachable, --strict fails rather than report "none found").
+audit: $(STAMP)
+	$(VENV)/bin/pip-audit --strict --disable-pip --require-hashes -r requirements/runtime.lock
+
+# The wheel and the sdist, from the locked build backend.
+dist: $(STAMP)
+	rm -rf dist/*.whl dist/*.tar.gz
+	$(PY) -m build --no-isolation --outdir dist .
+
+# What a user installs, tried as they would: the wheel in a fresh virtual environment (its
+# dependencies from the runtime lock), then its self-test. CI runs it, so a file the
+# package needs but does not ship fails there.
+wheel-check: dist
+	rm -rf $(VENV)-wheel
+	"$$(scripts/find-python)" -m venv $(VENV)-wheel
+	$(VENV)-wheel/bin/pip install --quiet --require-hashes -r requirements/runtime.lock
+	$(VENV)-wheel/bin/pip install --quiet --no-deps dist/llm_gateway-*.whl
+	cd "$$(mktemp -d)" && $(CURDIR)/$(VENV)-wheel/bin/llm-gateway demo --check
