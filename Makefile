@@ -33,8 +33,22 @@ bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	$(PY) -m bench.run $(BENCH_ARGS)
 
+# The documentation site (mkdocs.yml, docs/): built strictly into site/ (a broken link or
+# anchor, or a page left out of the navigation, fails it); docs-serve serves it with live
+# reload on http://127.0.0.1:8000; docs-reference writes the pages generated from the code
+# (tests/test_docs.py fails while they are stale). NO_MKDOCS_2_WARNING: Material's
+# end-of-life notice, printed on every run, is not a warning about the site.
+.PHONY: docs docs-serve docs-reference
+MKDOCS = NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs
+docs: $(STAMP)
+	$(MKDOCS) build --strict
+docs-serve: $(STAMP)
+	$(MKDOCS) serve --strict
+docs-reference: $(STAMP)
+	$(PY) -m llm_gateway.cli.reference
+
 clean:
-	rm -rf $(VENV) .pytest_cache llm-gateway.db llm-gateway-demo.db
+	rm -rf $(VENV) .pytest_cache llm-gateway.db llm-gateway-demo.db site
 
 # The gateway with Postgres, Redis, Prometheus, Grafana and demo traffic (compose.yaml).
 # Needs a container engine (Docker with Compose v2); nothing here installs one. Ctrl-C stops it.
@@ -50,7 +64,7 @@ observe:
 COMPILE = $(VENV)/bin/uv pip compile pyproject.toml --universal --generate-hashes \
 	--python-version 3.12 --quiet $(if $(UPGRADE),--upgrade)
 lock: $(STAMP)
-	$(COMPILE) requirements/build.in --extra test -o $(LOCK)
+	$(COMPILE) requirements/build.in --extra test --extra docs -o $(LOCK)
 	$(COMPILE) -o requirements/runtime.lock
 
 # The runtime's components (what the image and `pip install llm-gateway[all]` run), with

@@ -1,5 +1,5 @@
-"""The error catalogue: the README's table and the code agree, and every answer is
-OpenAI-shaped."""
+"""The error catalogue: the documentation's table (docs/protocols.md) and the code agree,
+and every answer is OpenAI-shaped."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from tests.support import REPO
 
 
 def readme_error_table() -> dict[str, int]:
-    """code -> status, from the README's error table."""
-    text = (REPO / "README.md").read_text()
+    """code -> status, from the error table of docs/protocols.md."""
+    text = (REPO / "docs" / "protocols.md").read_text()
     table = text.split("Errors are OpenAI-shaped", 1)[1].split("\n\n", 2)[1]
     codes: dict[str, int] = {}
     for row in table.splitlines()[2:]:

@@ -44,7 +44,7 @@ from llm_gateway.k8s import (
 
 REPO = Path(__file__).resolve().parent.parent
 K8S = REPO / "k8s"
-DOCS = REPO / "README.md"
+DOCS = REPO / "docs" / "kubernetes.md"
 # The oldest Kubernetes the manifests support; they are also checked against the newest
 # schemas the package bundles, so that nothing they use has been removed since.
 KUBERNETES_VERSION = "1.29.0"
@@ -59,7 +59,7 @@ NEWEST_BUNDLED_VERSION = max(
     key=lambda version: tuple(int(part) for part in version.split(".")),
 )
 IMAGE_NAME = "llm-gateway"
-# Secrets that the platform engineer creates (the README says how); every other
+# Secrets that the platform engineer creates (docs/kubernetes.md says how); every other
 # Secret a manifest refers to must be rendered by the same kustomization or by cert-manager.
 USER_CREATED_SECRETS = {
     "llm-gateway-provider",
