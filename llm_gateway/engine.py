@@ -279,8 +279,9 @@ class Gateway:
 
     def refuse(self, request: IncomingRequest, rejection: Rejection, request_id: str = "",
                current: Trace | None = None, key: KeyRecord | None = None) -> Rejection:
-        """A refusal, with ids, a span, a metric and an access-log line; adapters call it
-        for what they turn away before admission (a path not served, a body too large)."""
+        """A refusal, with ids, a span, a metric, an access-log line and a count in the
+        store (it has no usage record); adapters call it for what they turn away before
+        admission (a path not served, a body too large)."""
         request_id = request_id or next_request_id()
         current = current or self.telemetry.begin(request.method, request.path,
                                                   request.header("traceparent"))
@@ -289,6 +290,7 @@ class Gateway:
             shape=protocol_at(request.path).error_shape_for(request))
         self.telemetry.rejected(current, answer, request_id=request_id, adapter=request.adapter,
                                 method=request.method, path=request.path, key=key)
+        self.usage.refused(answer, key)
         return answer
 
     async def _admit(self, request: IncomingRequest, request_id: str,

@@ -7,7 +7,9 @@ in all; each outcome tells the target's passive health. A 429 from a plan's only
 is back-pressure with nowhere else to go: its Retry-After is waited out when short (up to
 ``max_retry_wait_seconds`` in all), else the caller gets the provider's 429 at once. Once
 a stream has started there is no retry: a failure, or a stream silent for
-``stream_idle``, ends it with an SSE error event and ``[DONE]``.
+``stream_idle``, ends it with an SSE error event and ``[DONE]``; so does a body that ends
+before its protocol's end event, whatever framed it (a close-delimited body's cut looks
+like its end on the wire).
 
 A provider's ``limits`` are provider-wide windows of 60 s, counted by the rate limiter
 (shared like the keys' limits): ``requests_per_minute`` counts each attempt;
@@ -29,7 +31,12 @@ from llm_gateway.exchange import Exchange
 from llm_gateway.http_types import GatewayResponse
 from llm_gateway.limits import LimiterUnavailable, RateLimiter
 from llm_gateway.providers import UnsupportedParameter
-from llm_gateway.routing.client import UpstreamClient, UpstreamResponse, retry_after_seconds
+from llm_gateway.routing.client import (
+    UpstreamClient,
+    UpstreamResponse,
+    retry_after_seconds,
+    stream_cut,
+)
 from llm_gateway.routing.health import Outcome, State
 from llm_gateway.routing.router import Router
 from llm_gateway.routing.table import ProviderConfig, Target
@@ -282,6 +289,9 @@ class Relay:
                     return
             if (rest := frames.remainder()) and (out := exchange.on_frame(rest)) is not None:
                 yield out
+            if _cut_short(exchange):
+                assert exchange.provider is not None
+                raise stream_cut(exchange.provider.name)
             await self._count_tokens_used(exchange)
         except UpstreamFailure as failure:
             assert exchange.target is not None
@@ -296,6 +306,12 @@ class Relay:
         finally:
             response.close()
             leave()
+
+
+def _cut_short(exchange: Exchange) -> bool:
+    """The upstream's body ended without its protocol's end, and without an in-band error
+    the client already has (Anthropic's ``error`` event ends its stream)."""
+    return not exchange.end_relayed and (exchange.facts is None or exchange.facts.error is None)
 
 
 def failed_requests_bucket(key_id: str) -> str:

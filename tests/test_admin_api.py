@@ -227,6 +227,9 @@ def exercise_every_endpoint(gw: AdminGateway, api: OpenApi) -> dict[str, Any]:
         assert usage["by"] == ["day", "model"]
         assert ok(c.get("/usage", params={"by": "colour"})).status_code == 400
         assert ok(c.get("/usage/req_nothere")).status_code == 404
+        refusals = ok(c.get("/refusals", params={"by": "key,day", "since": "2025-01-01"})).json()
+        assert refusals["by"] == ["key", "day"]
+        assert ok(c.get("/refusals", params={"by": "model"})).status_code == 400
 
         stored = ok(c.put("/provider-keys/venice", json={"key": "sk-provider-secret-9f3c"}))
         assert stored.json()["key"] == "sk-p…9f3c"
@@ -274,7 +277,8 @@ ENDPOINTS = [
     ("POST", "/keys/x/disable"), ("POST", "/keys/x/enable"), ("GET", "/subjects"),
     ("GET", "/budgets"), ("GET", "/budgets/subject/x"), ("PUT", "/budgets/subject/x"),
     ("DELETE", "/budgets/subject/x"), ("GET", "/prices"), ("POST", "/prices"),
-    ("GET", "/usage"), ("GET", "/usage/x"), ("GET", "/audit"), ("GET", "/admin-tokens"),
+    ("GET", "/usage"), ("GET", "/usage/x"), ("GET", "/refusals"), ("GET", "/audit"),
+    ("GET", "/admin-tokens"),
     ("POST", "/admin-tokens"),
     ("POST", "/admin-tokens/x/revoke"), ("GET", "/routes"), ("POST", "/routes"),
     ("POST", "/routes/rollback"), ("GET", "/routes/versions"), ("GET", "/provider-keys"),

@@ -1,4 +1,4 @@
-"""Admin API: budgets (with what they spent), prices, and usage reports."""
+"""Admin API: budgets (with what they spent), prices, usage reports and refusals."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from llm_gateway.admin.api_common import ERROR_RESPONSES, Service
 from llm_gateway.admin.common import parse_time
 from llm_gateway.admin.service import OPTIONAL_RATES, budget_fields, price_fields
 from llm_gateway.billing.model import BudgetScope
+from llm_gateway.billing.refusals import GROUPS as REFUSAL_GROUPS
 from llm_gateway.billing.reports import GROUPS
 
 router = APIRouter(prefix="/admin/v1", responses=ERROR_RESPONSES)
@@ -78,7 +79,8 @@ async def usage(
     until: Annotated[schemas.ShortText | None, Query(
         description="ISO 8601 or Unix seconds")] = None,
     top: Annotated[int | None, Query(ge=1, le=10_000, description=(
-        "only the N groups that cost most (most requests first among equal cost), "
+        "only the N groups that cost most (spend_usd; most requests first among equal "
+        "cost), "
         "highest first"))] = None,
     latency: Annotated[bool, Query(description=(
         "false: latency_p50_ms and latency_p95_ms are null, and the report is cheaper "
@@ -90,7 +92,7 @@ async def usage(
     rows = await service.usage(groups, start, end, latency=latency)
     if rows is not None and top is not None:
         # A console card of the five keys that spend most should not carry a thousand.
-        rows = sorted(rows, key=lambda row: (Decimal(row["cost_usd"]), row["requests"]),
+        rows = sorted(rows, key=lambda row: (Decimal(row["spend_usd"]), row["requests"]),
                       reverse=True)[:top]
     return {"available": rows is not None, "by": groups, "since": start, "until": end,
             "rows": [_jsonable_row(row) for row in rows or []]}
@@ -104,6 +106,25 @@ async def usage_of_request(
         description="the x-request-id or x-trace-id the client got")],
 ) -> dict[str, Any]:
     return {"id": request_id, "records": await service.usage_of(request_id)}
+
+
+@router.get("/refusals", response_model=schemas_usage.RefusalReport,
+            summary="Requests the gateway refused before admission, by status and code")
+async def refusals(
+    service: Service,
+    by: Annotated[schemas.ShortText | None, Query(description=(
+        f"some of {', '.join(REFUSAL_GROUPS)} (comma-separated); every row is one status "
+        "and code"))] = None,
+    since: Annotated[schemas.ShortText | None, Query(
+        description="ISO 8601 or Unix seconds")] = None,
+    until: Annotated[schemas.ShortText | None, Query(
+        description="ISO 8601 or Unix seconds")] = None,
+) -> dict[str, Any]:
+    groups = [name.strip() for name in (by or "").split(",") if name.strip()]
+    start = parse_time(since, "since") if since else None
+    end = parse_time(until, "until") if until else None
+    rows = await service.refusals(groups, start, end)
+    return {"by": groups, "since": start, "until": end, "rows": rows}
 
 
 def _jsonable_row(row: dict[str, Any]) -> dict[str, Any]:

@@ -300,8 +300,17 @@ class UsageRow(BaseModel):
     cache_write_tokens: int = Field(description="prompt tokens written to the prompt cache")
     cache_write_1h_tokens: int = Field(description="of them, those kept for an hour")
     reasoning_tokens: int = Field(description="completion tokens spent reasoning")
-    cost_usd: Money | None
-    provider_cost_usd: Money | None = None
+    cost_usd: Money | None = Field(description="the sum of the gateway's prices alone")
+    provider_cost_usd: Money | None = Field(
+        default=None, description="the sum of every cost the providers reported")
+    spend_usd: Money = Field(description=(
+        "what the group cost as shown: each request at the gateway's price where one "
+        "applied, else at the cost its provider reported (never both)"))
+    provider_reported_usd: Money = Field(description=(
+        "the part of spend_usd that is the providers' figure (requests without a price)"))
+    cost_source: Literal["price", "provider", "mixed", "none"] = Field(description=(
+        "where spend_usd came from: price (the gateway's prices), provider (the "
+        "providers' reported cost, no price applied), mixed (both), none (no cost known)"))
     latency_p50_ms: float | None = None
     latency_p95_ms: float | None = None
 

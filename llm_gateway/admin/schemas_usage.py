@@ -1,7 +1,10 @@
 """The admin API's answer for one request's records (``GET /admin/v1/usage/{request_id}``):
-what ``llm_gateway.billing.lookup.request_view`` shows, field for field."""
+what ``llm_gateway.billing.lookup.request_view`` shows, field for field; and the refusals
+(``GET /admin/v1/refusals``), ``llm_gateway.billing.refusals``' report."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -40,6 +43,9 @@ class UsageCost(BaseModel):
     cost_usd: Money | None = Field(description="from the gateway's prices; null: no price")
     provider_cost_usd: Money | None = Field(description="what the provider reported")
     provider_cost_diem: Money | None
+    source: Literal["price", "provider", "none"] = Field(description=(
+        "what the request was charged and is shown at: the gateway's price, else the "
+        "provider's reported cost, else none known"))
 
 
 class UsageRequest(BaseModel):
@@ -73,3 +79,26 @@ class UsageRequests(BaseModel):
     id: str = Field(description="the x-request-id or x-trace-id asked for")
     records: list[UsageRequest] = Field(
         description="a request id's one record, or a trace id's, oldest first")
+
+
+class RefusalRow(BaseModel):
+    """The requests refused with one status and code (in one group of ``by``)."""
+
+    status: int
+    code: str = Field(description="the error code the gateway answered (its error table's)")
+    requests: int
+    key_id: str | None = Field(default=None, description=(
+        "by key: the key refused (null: none authenticated, as for invalid_api_key)"))
+    key_name: str | None = None
+    key_prefix: str | None = None
+    subject: str | None = Field(default=None, description="by subject (null: no key)")
+    day: str | None = Field(default=None, description="by day: YYYY-MM-DD, UTC")
+
+
+class RefusalReport(BaseModel):
+    by: list[str]
+    since: float | None
+    until: float | None
+    rows: list[RefusalRow] = Field(description=(
+        "requests the gateway answered itself before admission (no usage record, not in "
+        "the usage report's errors), counted per minute by every replica"))

@@ -34,6 +34,8 @@ from llm_gateway.admin.common import (
 )
 from llm_gateway.billing.lookup import find_requests
 from llm_gateway.billing.model import RATE_FIELDS, Budget, BudgetScope, OverCap, Price, money
+from llm_gateway.billing.refusals import GROUPS as REFUSAL_GROUPS
+from llm_gateway.billing.refusals import refusal_report
 from llm_gateway.billing.reports import GROUPS as REPORT_GROUPS
 from llm_gateway.billing.reports import is_group
 from llm_gateway.keys import KeyRecord
@@ -228,6 +230,17 @@ class BillingOps(ServiceBase):
             raise NotFound(f"no request has the id {request_or_trace_id!r}")
         return found
 
+    async def refusals(self, by: list[str], since: float | None = None,
+                       until: float | None = None) -> list[dict[str, Any]]:
+        """The requests refused before admission, per status and code (and ``by``), from
+        every replica: ``billing.refusals``' report."""
+        if not all(name in REFUSAL_GROUPS for name in by):
+            raise Invalid(f"by: expected some of {', '.join(REFUSAL_GROUPS)}, got "
+                          f"{', '.join(by)}")
+        if since is not None and until is not None and until < since:
+            raise Invalid("until is before since")
+        return await refusal_report(self.store, by, since, until)
+
     async def spend(self, by: str) -> dict[str, dict[str, dict[str, Any]]]:
         """What each key id or subject spent this month and today, from one report:
         {id: {"today": totals, "month": totals}} (totals: cost_usd, total_tokens, requests)."""
@@ -241,8 +254,9 @@ class BillingOps(ServiceBase):
             targets = ("month", "today") if str(row.get("day"))[:10] == today else ("month",)
             for window in targets:
                 totals = windows[window]
+                # What the ledger charged: the price, else the provider's reported cost.
                 totals["cost_usd"] = Decimal(str(totals.get("cost_usd") or 0)) + Decimal(
-                    str(row.get("cost_usd") or 0))
+                    str(row.get("spend_usd") or 0))
                 for name in ("total_tokens", "requests"):
                     totals[name] = int(totals.get(name, 0)) + int(row.get(name) or 0)
         return spent

@@ -56,7 +56,10 @@ def request_view(record: UsageRecord) -> dict[str, Any]:
                    "reasoning": record.reasoning_tokens, "estimated": record.tokens_estimated},
         "cost": {"cost_usd": _money(record.cost_usd),
                  "provider_cost_usd": _money(record.provider_cost_usd),
-                 "provider_cost_diem": _money(record.provider_cost_diem)},
+                 "provider_cost_diem": _money(record.provider_cost_diem),
+                 # Which of the two the request was charged and is shown at.
+                 "source": ("price" if record.cost_usd is not None else "provider"
+                            if record.provider_cost_usd is not None else "none")},
         "response_id": record.response_id,
         "finish_reasons": list(record.finish_reasons),
     }

@@ -3,7 +3,9 @@
 Every admitted request produces exactly one UsageRecord (billing.records), whatever
 happened to it. The writer batches them off the request path (one transaction per batch)
 and keeps records that failed to write for the next attempt, so a store hiccup loses
-nothing. It also applies the retention (``USAGE_RETENTION_DAYS``) at start and once a day.
+nothing. It also applies the retention (``USAGE_RETENTION_DAYS``) at start and once a day,
+and writes the counts of the requests refused before admission (billing.refusals), which
+have no record, once a second.
 """
 
 from __future__ import annotations
@@ -17,13 +19,19 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Protocol
 
 from llm_gateway.billing.records import UsageRecord
+from llm_gateway.billing.refusals import RefusalTally, bucket_row
 from llm_gateway.billing.spool import Orphan, Spool
+from llm_gateway.errors import Rejection
+from llm_gateway.keys import KeyRecord
 
 log = logging.getLogger("llm_gateway.billing")
 
 RETENTION_INTERVAL_SECONDS = 86_400.0
 # A retention pass that failed (the store did not answer) is tried again this much later.
 RETENTION_RETRY_SECONDS = 3_600.0
+# Refusal counts go to the store this often: under a flood of refusals one upsert per
+# bucket a second, not one every pass of the writer.
+REFUSALS_INTERVAL_SECONDS = 1.0
 
 
 class UsageSink(Protocol):
@@ -64,6 +72,9 @@ class UsageWriter:
         self._lock = asyncio.Lock()
         self.spooled = 0  # records the database could not take at first
         self.replayed = 0  # records written from the spool (outages, dead processes)
+        self.refusals = RefusalTally()
+        self._refusals_due = 0.0  # monotonic
+        self._refusals_failing = False
 
     def check_spool(self) -> None:
         """At start-up: SpoolUnwritable (a ConfigError) when the spool cannot be written."""
@@ -81,6 +92,11 @@ class UsageWriter:
     def progress(self, request_id: str, facts: dict[str, object]) -> None:
         if self.spool is not None:
             self.spool.progress(request_id, facts)
+
+    def refused(self, rejection: Rejection, key: KeyRecord | None,
+                at: float | None = None) -> None:
+        """Count a request refused before admission (written within a second)."""
+        self.refusals.count(rejection, key, time.time() if at is None else at)
 
     def add(self, record: UsageRecord) -> None:
         segment = self.spool.finished(record) if self.spool is not None else None
@@ -105,6 +121,12 @@ class UsageWriter:
 
     async def flush(self) -> None:
         """Write everything pending now; on failure the records stay pending."""
+        try:
+            await self._flush_records()
+        finally:
+            await self._write_refusals()
+
+    async def _flush_records(self) -> None:
         async with self._lock:
             if self._pending:
                 batch, self._pending = self._pending, []
@@ -122,6 +144,28 @@ class UsageWriter:
                     self.spool.written([segment for _, segment in batch])  # type: ignore[misc]
             if self._overflowed and self.spool is not None:
                 await self._read_back()
+
+    async def _write_refusals(self) -> None:
+        """The refusals counted so far to the store; kept for the next pass if it fails."""
+        self._refusals_due = time.monotonic() + REFUSALS_INTERVAL_SECONDS
+        write = getattr(self._sink, "write_refusals", None)
+        taken = self.refusals.take()
+        if self.refusals.dropped:
+            log.warning("%d refusals were not counted: %d counts waited for the store "
+                        "already", self.refusals.dropped, self.refusals.max_buckets)
+            self.refusals.dropped = 0
+        if write is None or not taken:
+            return
+        try:
+            await write([bucket_row(bucket, n) for bucket, n in taken.items()])
+        except Exception as exc:  # kept in memory (bounded), written once the store answers
+            self.refusals.give_back(taken)
+            if not self._refusals_failing:
+                log.warning("writing refusal counts failed, kept for retry: %s",
+                            type(exc).__name__)
+            self._refusals_failing = True
+            return
+        self._refusals_failing = False
 
     async def _read_back(self) -> None:
         assert self.spool is not None
@@ -188,10 +232,12 @@ class UsageWriter:
                 await asyncio.wait_for(self._wake.wait(), self._interval)
             self._wake.clear()
             try:
-                await self.flush()
+                await self._flush_records()
             except Exception as exc:  # kept, in memory and in the spool; the store may come back
                 log.warning("usage write failed, %d records kept for retry: %s",
                             self.pending, type(exc).__name__)
+            if time.monotonic() >= self._refusals_due:
+                await self._write_refusals()
 
     async def close(self) -> None:
         if self._task is not None:

@@ -3,7 +3,14 @@ reasoning), cost and latency percentiles, grouped by key, subject, protocol, mod
 provider, day, end user or a tag's value (``tag:feature``), over a time range. One query
 for both stores (the dialects differ in placeholders, day arithmetic, JSON and how money
 is stored), aggregated in the database so a report over millions of rows moves only its
-groups."""
+groups.
+
+What a group cost is shown as ``spend_usd``: each request at the gateway's price where one
+applied, else at the cost its provider reported (``provider_reported_usd`` is that part),
+as its budget was charged (``finishing.spent``), so no request is counted twice;
+``cost_source`` says which (price, provider, mixed, none). ``cost_usd`` stays the sum of
+the gateway's prices alone and ``provider_cost_usd`` of every figure the providers
+reported (to set beside their bills)."""
 
 from __future__ import annotations
 
@@ -25,7 +32,16 @@ MONEY_UNITS = Decimal(10) ** 10  # SQLite keeps money as integer counts of 1e-10
 TOKEN_SUMS = ("prompt_tokens", "completion_tokens", "total_tokens", "cache_read_tokens",
               "cache_write_tokens", "cache_write_1h_tokens", "reasoning_tokens")
 MONEY_SUMS = ("cost_usd", "provider_cost_usd")
-METRICS = ("requests", "errors", *TOKEN_SUMS, *MONEY_SUMS, "latency_p50_ms", "latency_p95_ms")
+# A report row's totals, in its order.
+METRICS = ("requests", "errors", *TOKEN_SUMS, *MONEY_SUMS, "spend_usd", "provider_reported_usd",
+           "cost_source", "latency_p50_ms", "latency_p95_ms")
+# What the query sums, in its order: a request's cost is the gateway's price, else the
+# provider's figure (the same rule as finishing.spent), counted as one or the other.
+_SUMMED = ("requests", "errors", *TOKEN_SUMS, *MONEY_SUMS, "provider_reported_usd",
+           "priced", "provider_priced", "latency_p50_ms", "latency_p95_ms")
+_PROVIDER_ONLY = "CASE WHEN cost_usd IS NULL THEN provider_cost_usd END"
+COST_LEGEND = ("spend_usd: the gateway's price where one applies, else the cost the provider "
+               "reported (cost_source provider, or mixed: provider_reported_usd of it)")
 
 
 # A spreadsheet runs a cell that starts with one of these as a formula (=HYPERLINK(...),
@@ -85,7 +101,8 @@ def report_sql(by: Sequence[str], dialect: str, since: float | None,
     selected = ", ".join(f'{expression} AS "{name}"' for name, expression in columns)
     sums = ", ".join((
         "count(*)", "sum(CASE WHEN status >= 400 OR error_code IS NOT NULL THEN 1 ELSE 0 END)",
-        *(f"sum({column})" for column in (*TOKEN_SUMS, *MONEY_SUMS))))
+        *(f"sum({column})" for column in (*TOKEN_SUMS, *MONEY_SUMS)),
+        f"sum({_PROVIDER_ONLY})", "count(cost_usd)", f"count({_PROVIDER_ONLY})"))
     where_sql = f"WHERE {' AND '.join(where)}" if where else ""
     if not latency:
         sql = f"""
@@ -133,8 +150,8 @@ async def usage_report(store: Any, by: Sequence[str], since: float | None = None
                        until: float | None = None, *,
                        latency: bool = True) -> list[dict[str, Any]]:
     """Rows with the grouping fields (for key: key_id, key_prefix, key_name, subject) and
-    requests, errors, the sums of TOKEN_SUMS, cost_usd and provider_cost_usd (decimal
-    strings), p50/p95 latency in ms."""
+    requests, errors, the sums of TOKEN_SUMS, cost_usd, provider_cost_usd, spend_usd and
+    provider_reported_usd (decimal strings), cost_source, p50/p95 latency in ms."""
     by = ["key", "subject", *[f for f in by if f not in ("key", "subject")]] \
         if "key" in by else list(by)
     dialect = getattr(store, "dialect", "sqlite")
@@ -146,16 +163,32 @@ async def usage_report(store: Any, by: Sequence[str], since: float | None = None
     for row in rows:
         group = dict(zip(names, row[: len(names)], strict=True))
         group.pop("everything", None)
-        values = dict(zip(METRICS, row[len(names):], strict=False))
+        values = dict(zip(_SUMMED, row[len(names):], strict=False))
         entry: dict[str, Any] = {**group}
         if "key" in by:
-            entry["key_name"] = row[len(names) + len(METRICS)] or ""
-        for name in METRICS:
-            value = values[name]
-            entry[name] = (_money(value, dialect) if name in MONEY_SUMS
-                           else _ms(value) if name.startswith("latency_") else int(value or 0))
+            entry["key_name"] = row[len(names) + len(_SUMMED)] or ""
+        for name in ("requests", "errors", *TOKEN_SUMS):
+            entry[name] = int(values[name] or 0)
+        entry.update(shown_cost(*(_money(values[name], dialect) for name in (
+            *MONEY_SUMS, "provider_reported_usd")), int(values["priced"] or 0),
+            int(values["provider_priced"] or 0)))
+        for name in ("latency_p50_ms", "latency_p95_ms"):
+            entry[name] = _ms(values[name])
         report.append(entry)
     return report
+
+
+def shown_cost(cost_usd: str, provider_cost_usd: str, provider_reported_usd: str,
+               priced: int, provider_priced: int) -> dict[str, str]:
+    """A group's money as a report shows it: the sums, what it cost as shown
+    (``spend_usd``: the priced requests at their price, the others at the provider's
+    figure) and where that came from (``cost_source``)."""
+    spend = Decimal(cost_usd) + Decimal(provider_reported_usd)
+    source = ("mixed" if priced and provider_priced else "price" if priced
+              else "provider" if provider_priced else "none")
+    return {"cost_usd": cost_usd, "provider_cost_usd": provider_cost_usd,
+            "spend_usd": format(spend.normalize(), "f") if spend else "0",
+            "provider_reported_usd": provider_reported_usd, "cost_source": source}
 
 
 def _money(value: Any, dialect: str) -> str:
@@ -169,11 +202,12 @@ def _ms(value: Any) -> float | None:
     return None if value is None else round(float(value), 3)
 
 
-def render(report: list[dict[str, Any]], output: str) -> str:
-    """The report as json, csv or a table."""
+def render(report: list[dict[str, Any]], output: str,
+           empty: Sequence[str] = METRICS) -> str:
+    """The report as json, csv or a table (of the columns ``empty`` when it has no row)."""
     if output == "json":
         return json.dumps(report, indent=2)
-    columns = list(report[0]) if report else [*METRICS]
+    columns = list(report[0]) if report else [*empty]
     if output == "csv":
         buffer = io.StringIO()
         # RFC 4180's CRLF: the csv module quotes a cell holding a character of its line
@@ -187,6 +221,8 @@ def render(report: list[dict[str, Any]], output: str) -> str:
               for c in columns}
     lines = ["  ".join(c.upper().ljust(widths[c]) for c in columns)]
     lines += ["  ".join(_cell(row.get(c)).ljust(widths[c]) for c in columns) for row in report]
+    if any(row.get("cost_source") in ("provider", "mixed") for row in report):
+        lines += ["", COST_LEGEND]
     return "\n".join(lines)
 
 

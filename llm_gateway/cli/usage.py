@@ -11,6 +11,8 @@ import time
 from typing import Any
 
 from llm_gateway.billing.lookup import find_requests, render_requests
+from llm_gateway.billing.refusals import GROUPS as REFUSAL_GROUPS
+from llm_gateway.billing.refusals import refusal_report
 from llm_gateway.billing.reports import GROUPS, ReportError, render, usage_report
 from llm_gateway.cli.common import EXIT_CONFIG, EXIT_FAILED, settings_from, with_store
 from llm_gateway.keys import parse_duration
@@ -28,6 +30,14 @@ def register(commands: Any) -> None:
     report.add_argument("--until", help="ISO 8601 date or time (UTC), or a duration ago")
     report.add_argument("--format", choices=("table", "csv", "json"), default="table")
     report.set_defaults(handler=cmd_usage_report)
+    refusals = usage.add_parser(
+        "refusals", help="requests refused before admission, by status and code")
+    refusals.add_argument("--by", default="",
+                          help=f"also by some of {', '.join(REFUSAL_GROUPS)} (comma-separated)")
+    refusals.add_argument("--since", help="ISO 8601 date or time (UTC), or a duration ago: 7d")
+    refusals.add_argument("--until", help="ISO 8601 date or time (UTC), or a duration ago")
+    refusals.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    refusals.set_defaults(handler=cmd_usage_refusals)
     show = usage.add_parser(
         "show", help="one request's record(s), by its x-request-id or x-trace-id")
     show.add_argument("request_id", metavar="REQUEST_ID",
@@ -64,6 +74,20 @@ def cmd_usage_report(args: argparse.Namespace) -> int:
         print(f"llm-gateway usage report: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     print(render(report, args.format))
+    return 0
+
+
+def cmd_usage_refusals(args: argparse.Namespace) -> int:
+    now = time.time()
+    try:
+        since, until = moment(args.since, now), moment(args.until, now)
+        by = [part.strip() for part in args.by.split(",") if part.strip()]
+        report = asyncio.run(with_store(
+            settings_from(args), lambda store: refusal_report(store, by, since, until)))
+    except ValueError as exc:
+        print(f"llm-gateway usage refusals: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(render(report, args.format, empty=("status", "code", "requests")))
     return 0
 
 

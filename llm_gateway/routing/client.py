@@ -88,6 +88,14 @@ def _failure(provider: str, kind: str, code: str, attempts: int = 1) -> Upstream
     return UpstreamFailure(code, messages[code], attempts, kind=kind)
 
 
+def stream_cut(provider: str) -> UpstreamFailure:
+    """A stream whose body ended before its protocol's end (no ``[DONE]``, no
+    ``message_stop``, ...): cut, as a chunked body broken off is, whatever framed it. A body
+    without length or chunks ends with its connection, so a cut one ends as a whole one
+    does on the wire; only the relay, which reads the protocol, can tell."""
+    return _failure(provider, BROKEN, "upstream_stream_interrupted")
+
+
 class UpstreamResponse:
     """An upstream answer whose headers have arrived; the body is read or streamed once."""
 

@@ -13,8 +13,13 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from llm_gateway.billing.records import USAGE_COLUMNS, UsageRecord
+from llm_gateway.billing.refusals import REFUSAL_COLUMNS
 
 _COLUMNS = ", ".join(USAGE_COLUMNS)
+_ADD_REFUSALS = (
+    f"INSERT INTO refusal_counts ({', '.join(REFUSAL_COLUMNS)}) "
+    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (minute, key_id, subject_id, status, code) "
+    "DO UPDATE SET requests = refusal_counts.requests + EXCLUDED.requests")
 PARTITION_PREFIX = "usage_records_p"
 
 
@@ -74,6 +79,14 @@ class UsagePostgresMixin:
                 rows,
             )
 
+    async def write_refusals(self, rows: list[tuple[Any, ...]]) -> None:
+        """Refusal counts (REFUSAL_COLUMNS' rows), added to what the store holds: one
+        upsert per row, so that replicas writing the same minute add up."""
+        # In one order on every replica: two batches locking the same rows never deadlock.
+        rows = [(_moment(row[0]), *row[1:]) for row in sorted(rows)]
+        async with self.connection() as conn, conn.transaction(), conn.cursor() as cursor:
+            await cursor.executemany(_ADD_REFUSALS, rows)
+
     async def ensure_usage_partitions(self, days: Iterable[date]) -> list[str]:
         """Create the day partitions that do not exist yet; returns those created."""
         known = self.__dict__.setdefault("_known_partitions", set())
@@ -122,7 +135,11 @@ class UsagePostgresMixin:
     async def drop_usage_before(self, day: date) -> str:
         """Retention: whole day partitions before ``day`` go; says which, for the log."""
         dropped = await self.drop_usage_partitions_before(day)
-        return f"{len(dropped)} day partitions ({', '.join(dropped) or 'none'})"
+        async with self.connection() as conn:
+            counted = await conn.execute("DELETE FROM refusal_counts WHERE minute < %s",
+                                         (datetime(day.year, day.month, day.day, tzinfo=UTC),))
+        return (f"{len(dropped)} day partitions ({', '.join(dropped) or 'none'}), "
+                f"{counted.rowcount} refusal counts")
 
     async def usage_records(self) -> list[UsageRecord]:
         """All records, oldest first: for tests and tools (reports aggregate in SQL)."""

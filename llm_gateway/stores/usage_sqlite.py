@@ -10,8 +10,13 @@ from decimal import Decimal
 from typing import Any
 
 from llm_gateway.billing.records import USAGE_COLUMNS, UsageRecord
+from llm_gateway.billing.refusals import REFUSAL_COLUMNS
 
 _COLUMNS = ", ".join(USAGE_COLUMNS)
+_ADD_REFUSALS = (
+    f"INSERT INTO refusal_counts ({', '.join(REFUSAL_COLUMNS)}) VALUES (?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (minute, key_id, subject_id, status, code) "
+    "DO UPDATE SET requests = requests + excluded.requests")
 MONEY_UNITS = Decimal(10) ** 10  # stored integers are this many per USD
 
 
@@ -73,6 +78,20 @@ class UsageSqliteMixin:
 
         await self._run(write)
 
+    async def write_refusals(self, rows: list[tuple[Any, ...]]) -> None:
+        """Refusal counts (REFUSAL_COLUMNS' rows), added to what the store holds."""
+
+        def write(db: sqlite3.Connection) -> None:
+            db.execute("BEGIN")
+            try:
+                db.executemany(_ADD_REFUSALS, rows)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+        await self._run(write)
+
     async def usage_records(self) -> list[UsageRecord]:
         """All records, oldest first: for tests and tools (reports aggregate in SQL)."""
         rows = await self._run(lambda db: db.execute(
@@ -97,4 +116,6 @@ class UsageSqliteMixin:
         cutoff = datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp()
         cursor = await self._run(lambda db: db.execute(
             "DELETE FROM usage_records WHERE started_at < ?", (cutoff,)))
-        return f"{cursor.rowcount} records"
+        counted = await self._run(lambda db: db.execute(
+            "DELETE FROM refusal_counts WHERE minute < ?", (cutoff,)))
+        return f"{cursor.rowcount} records, {counted.rowcount} refusal counts"

@@ -44,7 +44,9 @@ tool calls and reasoning), ``fake_responses`` (with its
 ``_request`` and ``_reply``), ``fake_agent_reply`` (what those two APIs decide alike) and
 ``fake_app``.
 
-Run it standalone with ``python -m llm_gateway.testing.fake_upstream --port 3001``.
+Run it standalone with ``python -m llm_gateway.testing.fake_upstream --port 3001``. To answer
+as a server that frames no body (no length, no chunks: it ends with the connection), serve it
+with ``fake_close_delimited.running_close_delimited`` instead of ``running_fake_upstream``.
 """
 
 import argparse

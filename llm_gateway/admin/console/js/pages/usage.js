@@ -3,10 +3,13 @@
 // Filtering uses the report itself: the filtered dimensions are added to its grouping and
 // the rows kept are those of the chosen values, so every figure (latency percentiles too)
 // is the server's own for exactly that selection. A search box finds one request by the
-// x-request-id or x-trace-id its client got.
+// x-request-id or x-trace-id its client got. Beside the errors (admitted requests that
+// failed), the requests the gateway refused before admission, by kind, for the same range,
+// key and subject (a refusal has no model).
 
 import { api, query } from "../api.js";
 import { dayRange, seriesByName, stackedBars } from "../chart.js";
+import { REFUSALS_EXPLAINED, byKind, costLegend, rowSpend, spend, totals as sums } from "../cost.js";
 import { DAY, card, dayStart, downloadCsv, empty, field, fmt, formError, h, isoDay, openDialog, pageHeader, table } from "../ui.js";
 
 const RANGES = [["1", "Today"], ["7", "Last 7 days"], ["30", "Last 30 days"], ["90", "Last 90 days"]];
@@ -76,7 +79,7 @@ function requestDetails(r) {
     ["Status", r.error ? `${r.status} ${r.error.code}: ${r.error.message || ""}` : String(r.status)],
     ["Duration", fmt.ms(r.timings.duration_ms)], ["To headers", fmt.ms(r.timings.ttfb_ms)],
     ["Tokens", `${fmt.int(r.tokens.prompt)} in (cache read ${fmt.int(r.tokens.cache_read)}, write ${fmt.int(r.tokens.cache_write)}) · ${fmt.int(r.tokens.completion)} out (reasoning ${fmt.int(r.tokens.reasoning)})${r.tokens.estimated ? " · estimated" : ""}`],
-    ["Cost", r.cost.cost_usd === null ? "no price" : fmt.usd(r.cost.cost_usd)],
+    ["Cost", r.cost.source === "price" ? fmt.usd(r.cost.cost_usd) : r.cost.source === "provider" ? spend(r.cost.provider_cost_usd, r.cost.provider_cost_usd) : "no price"],
     ["Provider's cost", r.cost.provider_cost_usd === null ? "—" : fmt.usd(r.cost.provider_cost_usd)],
   ];
   return h("dl", { class: "details" }, pairs.flatMap(([term, value]) => [h("dt", {}, term), h("dd", {}, value)]));
@@ -114,27 +117,50 @@ async function refresh(results) {
   const since = rangeStart();
   const chartSel = selection(state.group === "day" ? ["day"] : ["day", state.group]);
   const tableSel = selection([state.group]);
-  const [chartRows, tableRows] = await Promise.all([
+  const [chartRows, tableRows, refused] = await Promise.all([
     // The chart shows spend only: without latency percentiles, unless it is the table's report.
     report({ by: chartSel.by, since, ...(chartSel.by === tableSel.by ? {} : { latency: false }) })
       .then((r) => r.rows.filter(chartSel.keep)),
     report({ by: tableSel.by, since }).then((r) => r.rows.filter(tableSel.keep)),
+    refusals(since),
   ]);
+  const refusedCard = card("Refused by the gateway, by kind", refusedTable(refused));
   if (!tableRows.length) {
-    results.replaceChildren(empty("No usage for this selection", "Widen the range or clear a filter."));
+    results.replaceChildren(empty("No usage for this selection", "Widen the range or clear a filter."), refusedCard);
     return;
   }
-  const totals = tableRows.reduce((t, r) => ({ requests: t.requests + r.requests, errors: t.errors + r.errors, tokens: t.tokens + r.total_tokens, cost: t.cost + Number(r.cost_usd || 0) }), { requests: 0, errors: 0, tokens: 0, cost: 0 });
+  const totals = sums(tableRows);
+  const refusedCount = refused.reduce((n, k) => n + k.requests, 0);
   const nameOf = (r) => (state.group === "day" ? "spend" : label(r, state.group));
-  const series = seriesByName(chartRows, nameOf, (r) => Number(r.cost_usd || 0));
+  const series = seriesByName(chartRows, nameOf, (r) => Number(r.spend_usd || 0));
   const chart = stackedBars({ title: "Spend per day", categories: dayRange(since, days), series, labelEvery: days > 14 ? 5 : 1 });
   const download = h("button", { class: "button", type: "button", onclick: () => csv(tableRows) }, "Download CSV");
   results.replaceChildren(
     h("div", { class: "stats compact", role: "list" },
       stat("Requests", fmt.int(totals.requests)), stat("Errors", `${fmt.int(totals.errors)} (${fmt.pct(totals.errors, totals.requests)})`),
-      stat("Tokens", fmt.compact(totals.tokens)), stat("Spend", fmt.usd(totals.cost))),
-    card(`Spend per day${state.group === "day" ? "" : ` by ${state.group}`}`, chart),
-    card(`By ${state.group}`, h("div", { class: "card-actions" }, download), usageTable(tableRows)));
+      stat("Refused", fmt.int(refusedCount)), stat("Tokens", fmt.compact(totals.tokens)), stat("Spend", spend(totals.spend, totals.provider))),
+    card(`Spend per day${state.group === "day" ? "" : ` by ${state.group}`}`, chart, costLegend(chartRows)),
+    card(`By ${state.group}`, h("div", { class: "card-actions" }, download), usageTable(tableRows), costLegend(tableRows)),
+    refusedCard);
+}
+
+// The refusals of the range, by kind, for the chosen key or subject (every refusal when
+// neither is chosen; a refusal names no model, so the model filter does not apply).
+async function refusals(since) {
+  const by = state.key ? "key" : state.subject ? "subject" : "";
+  const answer = await api("/refusals" + query({ by, since }));
+  const keep = (r) => (!state.key || r.key_id === state.key) && (!state.subject || r.subject === state.subject);
+  return byKind(answer.rows.filter(keep));
+}
+
+function refusedTable(kinds) {
+  const legend = h("p", { class: "help" }, REFUSALS_EXPLAINED);
+  if (!kinds.length) return [empty("No request was refused in this selection"), legend];
+  return [table([
+    { label: "Kind", render: (k) => h("span", { class: "mono" }, k.code) },
+    { label: "Status", class: "num", render: (k) => String(k.status) },
+    { label: "Requests", class: "num", render: (k) => fmt.int(k.requests) },
+  ], kinds, { caption: "Requests refused, by kind" }), legend];
 }
 
 function stat(title, value) {
@@ -148,7 +174,7 @@ function label(row, group) {
 }
 
 function usageTable(rows) {
-  const sorted = [...rows].sort((a, b) => (state.group === "day" ? String(b.day).localeCompare(String(a.day)) : Number(b.cost_usd || 0) - Number(a.cost_usd || 0)));
+  const sorted = [...rows].sort((a, b) => (state.group === "day" ? String(b.day).localeCompare(String(a.day)) : Number(b.spend_usd || 0) - Number(a.spend_usd || 0)));
   return table([
     { label: GROUPS.find(([g]) => g === state.group)[1], render: (r) => label(r, state.group) },
     { label: "Requests", class: "num", render: (r) => fmt.int(r.requests) },
@@ -159,7 +185,7 @@ function usageTable(rows) {
     { label: "Cache read", class: "num", render: (r) => fmt.int(r.cache_read_tokens) },
     { label: "Cache write", class: "num", render: (r) => fmt.int(r.cache_write_tokens) },
     { label: "Reasoning", class: "num", render: (r) => fmt.int(r.reasoning_tokens) },
-    { label: "Spend", class: "num", render: (r) => fmt.usd(r.cost_usd) },
+    { label: "Spend", class: "num", render: rowSpend },
     { label: "p50", class: "num", render: (r) => fmt.ms(r.latency_p50_ms) },
     { label: "p95", class: "num", render: (r) => fmt.ms(r.latency_p95_ms) },
   ], sorted, { caption: `Usage by ${state.group}` });
@@ -167,7 +193,7 @@ function usageTable(rows) {
 
 const METRICS = ["requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens",
   "cache_read_tokens", "cache_write_tokens", "cache_write_1h_tokens", "reasoning_tokens", "cost_usd",
-  "provider_cost_usd", "latency_p50_ms", "latency_p95_ms"];
+  "provider_cost_usd", "spend_usd", "provider_reported_usd", "cost_source", "latency_p50_ms", "latency_p95_ms"];
 
 // The report's columns, as `llm-gateway usage report --format csv` has them: the grouping
 // fields first, then the totals.
