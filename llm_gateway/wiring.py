@@ -50,6 +50,7 @@ from llm_gateway.stores.responses import ResponseOwners
 from llm_gateway.stores.responses_sqlite import SqliteResponseOwners
 from llm_gateway.stores.sqlite import SqliteStore
 from llm_gateway.telemetry import StateCollector, Telemetry
+from llm_gateway.telemetry.reconcile_metrics import ReconcileDriftCollector
 
 if TYPE_CHECKING:
     from llm_gateway.auth_jwt import JwtVerifier
@@ -106,6 +107,8 @@ def build_gateway(
     usage = UsageWriter(store, Spool(settings.spool_dir()),
                         retention_days=settings.usage_retention_days)
     telemetry.watch(_state_collector(router, usage, limiter, quotas))
+    if (drifts := getattr(store, "reconcile_drifts", None)) is not None:
+        telemetry.watch(ReconcileDriftCollector(drifts))  # what `reconcile` last found
     return Gateway(
         settings, store=store, limiter=limiter, auth=auth, relay=relay, router=router,
         routes=route_source, shared_health=shared_health, quotas=quotas,

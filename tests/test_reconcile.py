@@ -14,13 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import date
+import os
+import time
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 
+from asgi_middleware import create_app
 from llm_gateway.billing.provider_reports import (
     AnthropicLedger,
     OpenAILedger,
@@ -37,8 +42,19 @@ from llm_gateway.billing.reconcile import (
     parse_tolerance,
     reconcile,
 )
+from llm_gateway.billing.reconcile_records import recorded as recorded_side
 from llm_gateway.billing.reconcile_render import as_json, as_table
+from llm_gateway.billing.records import UsageRecord
 from llm_gateway.billing.report_client import ReportFetchError, ReportSource, fetch_billed
+from llm_gateway.cli import main as cli_main
+from llm_gateway.config import load_settings
+from llm_gateway.stores import open_store
+from llm_gateway.stores.reconcile_drift import DriftRow
+from llm_gateway.telemetry.reconcile_metrics import ReconcileDriftCollector
+from llm_gateway.testing.fake_ledger import Served, rates_per_mtok
+from llm_gateway.testing.fake_upstream import FakeUpstream, running_fake_upstream
+from llm_gateway.wiring import build_gateway
+from tests.support import create_key, serve_in_thread
 
 DAY = "2026-12-01"
 NEXT = "2026-12-02"
@@ -321,3 +337,381 @@ def test_a_timeout_or_an_undocumented_answer_is_a_clear_error() -> None:
         run_fetch(lambda request: httpx.Response(200, json={"data": "nope"}))
     with pytest.raises(ReportFetchError, match="with no JSON"):
         run_fetch(lambda request: httpx.Response(200, text="<html>"))
+
+
+# ---- end to end, against each fake provider -------------------------------------------------
+
+KEY_ENV = "RECONCILE_TEST_KEY"
+ADMIN_ENV = "RECONCILE_TEST_ADMIN_KEY"
+FAKE_ADMIN_KEY = "sk-fake-admin-reconcile-0123456789"
+# Per provider: the upstream model routed to, and what a request through the gateway is.
+PROVIDERS = {"openai": "gpt-4o-mini-2024-07-18", "anthropic": "claude-sonnet-4-5",
+             "venice": "llama-3.3-70b"}
+
+
+def routes_and_prices(provider: str, url: str) -> dict[str, Any]:
+    model = PROVIDERS[provider]
+    document: dict[str, Any] = {
+        "providers": {provider: {"base_url": url, "profile": provider, "api_key_env": KEY_ENV,
+                                 "admin_key_env": ADMIN_ENV}},
+        "models": {"m": {"targets": [{"provider": provider, "model": model}]}},
+    }
+    if provider != "venice":  # Venice's answers carry their cost; the others' are priced
+        rates = rates_per_mtok(provider)
+        document["prices"] = {provider: {model: {
+            "input": str(rates["input"]), "output": str(rates["output"]),
+            "cached_input": str(rates["cached_input"]),
+            "cache_write": str(rates["cache_write_5m"]),
+            "cache_write_1h": str(rates["cache_write_1h"])}}}
+    return document
+
+
+def send(provider: str, url: str, key: str, *, stream: bool, cache: bool) -> None:
+    """One request through the gateway, in the protocol the provider speaks."""
+    words = {"role": "user", "content": "reconcile these words please " * 20}
+    if provider == "anthropic":
+        headers = {"x-api-key": key, "anthropic-version": "2023-06-01"}
+        if cache:
+            headers.update({"x-fake-cache-read-tokens": "40", "x-fake-cache-write-tokens": "20",
+                            "x-fake-cache-write-1h-tokens": "10"})
+        body = {"model": "m", "max_tokens": 64, "messages": [words], "stream": stream}
+        answer = httpx.post(f"{url}/v1/messages", headers=headers, json=body, timeout=30)
+    else:
+        headers = {"authorization": f"Bearer {key}"}
+        if cache:
+            headers["x-fake-cached-tokens"] = "30"
+        body = {"model": "m", "messages": [words], "stream": stream}
+        answer = httpx.post(f"{url}/v1/chat/completions", headers=headers, json=body,
+                            timeout=30)
+    assert answer.status_code == 200, answer.text
+
+
+def reconcile_cli(config: Path, *args: str) -> tuple[int, str, str]:
+    """`llm-gateway --config FILE reconcile ARGS`, in process: (status, stdout, stderr)."""
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = cli_main(["--config", str(config), "reconcile", *args])
+    return status, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def reconciled(request: pytest.FixtureRequest, tmp_path: Path,
+               monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A fake provider, a gateway in front of it (its routes and prices in a file the
+    command reads too), three requests served; yields (provider, fake, config, gateway)."""
+    provider = request.param
+    with running_fake_upstream(FakeUpstream(usage_mode=provider,
+                                            admin_key=FAKE_ADMIN_KEY)) as (fake, fake_url):
+        config = tmp_path / "gateway.yaml"
+        config.write_text(yaml.safe_dump(routes_and_prices(provider, fake_url)))
+        database = f"sqlite:///{tmp_path / 'gateway.db'}"
+        for name, value in (("DATABASE_URL", database), (KEY_ENV, fake.api_key),
+                            (ADMIN_ENV, FAKE_ADMIN_KEY), ("LOG_FORMAT", "text")):
+            monkeypatch.setenv(name, value)
+        settings = load_settings(dict(os.environ), str(config))
+        gateway = build_gateway(settings, key_cache_seconds=0)
+        with serve_in_thread(create_app(settings, gateway=gateway)) as url:
+            key = create_key(database)[1]
+            for stream, cache in ((False, False), (True, False), (False, True)):
+                send(provider, url, key, stream=stream, cache=cache)
+            gateway.flush_from_thread()
+            assert len(fake.ledger.served) == 3
+            yield provider, fake, config, url
+
+
+def window() -> tuple[str, str]:
+    """Yesterday up to tomorrow: whichever UTC day the requests fell on."""
+    today = datetime.now(UTC).date()
+    return (today - timedelta(days=1)).isoformat(), (today + timedelta(days=1)).isoformat()
+
+
+@pytest.mark.slow_once
+@pytest.mark.parametrize("reconciled", list(PROVIDERS), indirect=True)
+def test_reconcile_exits_0_when_billed_as_served_and_1_naming_the_drift_when_over_billed(
+        reconciled: Any) -> None:
+    provider, fake, config, _ = reconciled
+    model = PROVIDERS[provider]
+    since, until = window()
+    status, out, err = reconcile_cli(config, "--provider", provider, "--since", since,
+                                     "--until", until, "--format", "json")
+    assert status == 0, out + err
+    report = json.loads(out)
+    assert report["within_tolerance"] and report["provider"] == provider
+    [line] = report["lines"]
+    assert line["model"] == model and line["within_tolerance"]
+    tokens = line["figures"]["input_tokens"]
+    assert tokens["provider"] == tokens["gateway"] > 0
+    if provider != "venice":  # the cache tokens reached both sides
+        assert line["figures"]["cache_read_tokens"]["gateway"] > 0
+    served_day = datetime.fromtimestamp(fake.ledger.served[-1].at, UTC).date().isoformat()
+
+    fake.ledger.skew = 1  # the provider bills one request it never served
+    status, out, err = reconcile_cli(config, "--provider", provider, "--since", since,
+                                     "--until", until, "--format", "json")
+    assert status == 1, out + err
+    report = json.loads(out)
+    [line] = report["lines"]
+    assert (line["day"], line["model"], line["within_tolerance"]) == (served_day, model, False)
+    beyond = {name for name, figure in line["figures"].items()
+              if not figure["within_tolerance"]}
+    assert {"input_tokens", "output_tokens", "usd"} <= beyond
+    if provider != "anthropic":  # Anthropic's usage report counts no requests
+        assert line["figures"]["requests"]["drift"] == 1
+        assert line["figures"]["requests"]["drift_ratio"] == pytest.approx(1 / 3, abs=1e-6)
+    else:
+        assert "requests" not in line["figures"] and report["not_compared"] == ["requests"]
+    assert report["drift_ratio_by_model"][model] > 0.005
+
+    status, table, err = reconcile_cli(config, "--provider", provider, "--since", since,
+                                       "--until", until)
+    assert status == 1
+    assert f"{served_day}  {model}" in table and "BEYOND" in table
+    assert FAKE_ADMIN_KEY not in out + table + err
+
+
+@pytest.mark.slow_once
+@pytest.mark.parametrize("reconciled", ["venice"], indirect=True)
+def test_under_billing_is_a_drift_too_and_diem_is_valued_in_usd(reconciled: Any) -> None:
+    _, fake, config, _ = reconciled
+    since, until = window()
+    fake.ledger.currency = "DIEM"  # charged in DIEM: worth its USD list price
+    assert reconcile_cli(config, "--provider", "venice", "--since", since,
+                         "--until", until)[0] == 0
+    fake.ledger.skew = -1
+    status, out, _ = reconcile_cli(config, "--provider", "venice", "--since", since,
+                                   "--until", until, "--format", "json")
+    assert status == 1
+    assert json.loads(out)["lines"][0]["figures"]["requests"]["drift"] == -1
+
+
+@pytest.mark.slow_once
+@pytest.mark.parametrize("reconciled", ["openai"], indirect=True)
+def test_the_last_drift_reaches_every_gateways_metrics(reconciled: Any) -> None:
+    _, fake, config, url = reconciled
+    since, until = window()
+    fake.ledger.skew = 1
+    assert reconcile_cli(config, "--provider", "openai", "--since", since,
+                         "--until", until)[0] == 1
+    found = ""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and "llm_gateway_reconcile_drift_ratio{" not in found:
+        found = httpx.get(f"{url}/metrics", timeout=5).text  # the first scrape starts a read
+        time.sleep(0.05)
+    [sample] = [line for line in found.splitlines()
+                if line.startswith("llm_gateway_reconcile_drift_ratio{")]
+    assert f'model="{PROVIDERS["openai"]}"' in sample and 'provider="openai"' in sample
+    # The worst figure's: the request billed twice was the one with 30 cached tokens.
+    assert float(sample.rsplit(" ", 1)[1]) == 1.0
+    assert 'llm_gateway_reconcile_last_run_timestamp_seconds{provider="openai"}' in found
+
+
+# ---- what stops the command before it compares: exit 2, one clear line ----------------------
+
+def stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, provider: dict[str, Any],
+            *args: str) -> tuple[int, str, str]:
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({
+        "providers": {"p": {"api_key_env": KEY_ENV, **provider}},
+        "models": {"m": {"targets": [{"provider": "p", "model": "x"}]}}}))
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path / 'gateway.db'}")
+    monkeypatch.setenv(KEY_ENV, "sk-inference")
+    monkeypatch.delenv(ADMIN_ENV, raising=False)
+    return reconcile_cli(config, *(args or ("--provider", "p")))
+
+
+OPENAI = {"base_url": "http://127.0.0.1:9/v1", "profile": "openai"}
+
+
+@pytest.mark.parametrize(("provider", "args", "said"), [
+    (OPENAI, (), "providers.p.admin_key_env is not set: name the variable"),
+    ({**OPENAI, "admin_key_env": ADMIN_ENV}, (),
+     f"{ADMIN_ENV} is not set (providers.p.admin_key_env): the provider's admin key"),
+    ({**OPENAI, "profile": "generic", "admin_key_env": ADMIN_ENV}, (),
+     "provider 'p' (profile generic) publishes no usage report the gateway reads"),
+    (OPENAI, ("--provider", "nope"), "--provider: no provider 'nope' in the routes (known: p)"),
+    (OPENAI, ("--provider", "p", "--since", "yesterday"),
+     "--since: expected a day as YYYY-MM-DD, got 'yesterday'"),
+    (OPENAI, ("--provider", "p", "--since", "2026-12-02", "--until", "2026-12-01"),
+     "--until (2026-12-01) must be a later day than --since (2026-12-02)"),
+    (OPENAI, ("--provider", "p", "--tolerance", "lots"), "--tolerance: expected a percentage"),
+])
+def test_what_stops_a_reconciliation_is_said_in_one_line_with_exit_2(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, provider: dict[str, Any],
+        args: tuple[str, ...], said: str) -> None:
+    status, out, err = stopped(tmp_path, monkeypatch, provider, *args)
+    assert (status, out) == (2, "")
+    assert err.startswith("llm-gateway reconcile: ") and said in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_admin_key_env_that_is_no_variable_name_is_a_route_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    status, _, err = stopped(tmp_path, monkeypatch, {**OPENAI, "admin_key_env": ["X"]})
+    assert status == 2 and "providers.p.admin_key_env: expected an environment variable" in err
+
+
+def test_a_provider_that_refuses_the_admin_key_is_exit_2_naming_it_and_the_status(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with running_fake_upstream(FakeUpstream(usage_mode="openai",
+                                            admin_key=FAKE_ADMIN_KEY)) as (_, url):
+        monkeypatch.setenv(ADMIN_ENV, "sk-wrong-admin-key-0123456789")
+        config = tmp_path / "gateway.yaml"
+        config.write_text(yaml.safe_dump(routes_and_prices("openai", url)))
+        monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path / 'gateway.db'}")
+        monkeypatch.setenv(KEY_ENV, "sk-inference")
+        status, out, err = reconcile_cli(config, "--provider", "openai")
+    assert (status, out) == (2, "")
+    assert ("llm-gateway reconcile: openai: GET /organization/usage/completions: answered "
+            "HTTP 401") in err
+    assert "sk-wrong-admin-key" not in err
+
+
+# ---- the fake's report APIs behave as the real ones -----------------------------------------
+
+def test_the_fakes_reports_take_the_admin_key_only_and_validate_their_queries() -> None:
+    for mode, report, query in (
+            ("openai", "/organization/usage/completions", "start_time=0"),
+            ("anthropic", "/organizations/cost_report", "starting_at=2026-12-01T00:00:00Z"),
+            ("venice", "/billing/usage-history", "pageSize=10")):
+        with running_fake_upstream(FakeUpstream(usage_mode=mode,
+                                                admin_key=FAKE_ADMIN_KEY)) as (fake, url):
+            def get(path: str, key: str, mode: str = mode) -> httpx.Response:
+                headers = ({"x-api-key": key, "anthropic-version": "2023-06-01"}
+                           if mode == "anthropic" else {"authorization": f"Bearer {key}"})
+                return httpx.get(f"{url}{path}", headers=headers, timeout=10)
+
+            assert get(f"{report}?{query}", FAKE_ADMIN_KEY).status_code == 200
+            assert get(f"{report}?{query}", fake.api_key).status_code == 401
+            assert get("/models", FAKE_ADMIN_KEY).status_code == 401
+            bad = {"openai": "bucket_width=1d", "anthropic": "limit=99&starting_at=x",
+                   "venice": "cursor=abc&pageSize=10"}[mode]
+            assert get(f"{report}?{bad}", FAKE_ADMIN_KEY).status_code == 400
+        if mode == "venice":
+            with running_fake_upstream(FakeUpstream(admin_key=FAKE_ADMIN_KEY)) as (_, url):
+                gone = httpx.get(f"{url}/billing/usage",
+                                 headers={"authorization": f"Bearer {FAKE_ADMIN_KEY}"})
+                assert gone.status_code == 410 and "usage-history" in gone.text
+
+
+def test_the_client_walks_the_fakes_pages_across_days() -> None:
+    """Three requests on three days: a page per day (limit 1), a cursor per page."""
+    day = datetime(2026, 12, 1, 12, tzinfo=UTC).timestamp()
+    fake = FakeUpstream(usage_mode="anthropic", admin_key=FAKE_ADMIN_KEY)
+    for n in range(3):
+        fake.ledger.served.append(Served(at=day + n * 86400, model="claude-x",
+                                         request_id=f"msg_{n}", input_tokens=10 + n,
+                                         output_tokens=5))
+    with running_fake_upstream(fake) as (_, url):
+        ledger = AnthropicLedger()
+        source = ReportSource(name="anthropic", base_url=url)
+        rows = asyncio.run(fetch_billed(source, ledger, FAKE_ADMIN_KEY, date(2026, 12, 1),
+                                        date(2026, 12, 4)))
+    by_day = {}
+    for row in rows:
+        by_day[row.day] = by_day.get(row.day, Figures()).plus(row.figures)
+    assert sorted(by_day) == ["2026-12-01", "2026-12-02", "2026-12-03"]
+    assert [by_day[d].input_tokens for d in sorted(by_day)] == [10, 11, 12]
+    assert all(figures.usd and figures.usd > 0 for figures in by_day.values())
+
+
+# ---- the gateway's side and the drift table, on both stores ---------------------------------
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'gateway.db'}"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+def record(request_id: str, at: float, **fields: Any) -> UsageRecord:
+    values: dict[str, Any] = {
+        "key_id": None, "subject_id": "s", "adapter": "asgi", "endpoint": "chat.completions",
+        "model": "m", "stream": False, "status": 200, "duration_ms": 10.0, "provider": "p",
+        "upstream_model": "gpt-x", "prompt_tokens": 100, "completion_tokens": 10,
+        "cache_read_tokens": 20, "cost_usd": Decimal("0.001"), **fields}
+    return UsageRecord(request_id=request_id, started_at=at, **values)
+
+
+def test_the_gateways_side_sums_what_the_provider_billed_per_day_and_model(
+        store_url: str) -> None:
+    first = datetime(2026, 12, 1, 23, 59, 59, tzinfo=UTC).timestamp()
+    second = first + 2  # the next UTC day
+    records = [
+        record("a", first), record("b", first, tokens_estimated=True, cost_usd=None,
+                                   provider_cost_usd=Decimal("0.002")),
+        record("c", first, cost_usd=None),  # cost unknown
+        record("d", second, cache_write_tokens=5),
+        record("e", first, status=500, error_code="upstream_error"),  # not billed
+        record("f", first, endpoint="embeddings"),  # another report's
+        record("g", first, endpoint="messages.count_tokens"),  # free
+        record("h", first, provider="other"),
+        record("i", first, upstream_model=None, status=200),  # never reached a model
+        record("j", first - 86400 * 3),  # out of range
+    ]
+
+    async def work() -> tuple[list[Recorded], list[Any]]:
+        store = open_store(store_url)
+        try:
+            await store.migrate()
+            await store.write_usage(records)
+            found = await recorded_side(store, "p", date(2026, 12, 1), date(2026, 12, 3))
+            await store.replace_reconcile_drift(  # type: ignore[attr-defined]
+                "p", {"gpt-x": (0.25, False), "old": (0.0, True)}, since="2026-12-01",
+                until="2026-12-03", at=1796000000.5)
+            await store.replace_reconcile_drift(  # type: ignore[attr-defined]
+                "p", {"gpt-x": (-0.5, False)}, since="2026-12-01", until="2026-12-03",
+                at=1796000001.5)
+            await store.replace_reconcile_drift(  # type: ignore[attr-defined]
+                "q", {"other-model": (0.0, True)}, since="2026-12-01", until="2026-12-02",
+                at=1796000002.0)
+            return found, await store.reconcile_drifts()  # type: ignore[attr-defined]
+        finally:
+            await store.close()
+
+    found, drifts = asyncio.run(work())
+    by_day = {row.day: row for row in found}
+    assert sorted(by_day) == ["2026-12-01", "2026-12-02"]
+    day_one = by_day["2026-12-01"]
+    assert day_one.figures == Figures(3, 300, 30, 60, 0, Decimal("0.003"))
+    assert (day_one.estimated, day_one.cost_unknown) == (1, 1)
+    assert sorted(day_one.explaining) == ["b", "c"]
+    assert by_day["2026-12-02"].figures == Figures(1, 100, 10, 20, 5, Decimal("0.001"))
+    assert [(d.provider, d.model, d.drift_ratio, d.within_tolerance, d.since, d.until,
+             d.reconciled_at) for d in drifts] == [
+        ("p", "gpt-x", -0.5, False, "2026-12-01", "2026-12-03", 1796000001.5),
+        ("q", "other-model", 0.0, True, "2026-12-01", "2026-12-02", 1796000002.0)]
+
+
+def test_the_collector_reads_at_most_once_per_period_and_never_blocks_a_scrape() -> None:
+    reads: list[float] = []
+    now = [0.0]
+
+    async def read() -> list[DriftRow]:
+        reads.append(now[0])
+        return [DriftRow("p", "gpt-x", 0.25, False, DAY, NEXT, 5.0),
+                DriftRow("p", "bad name", 1.0, False, DAY, NEXT, 5.0)]
+
+    collector = ReconcileDriftCollector(read, every=60, clock=lambda: now[0])
+
+    async def scrape() -> dict[str, list[Any]]:
+        found = {family.name: family.samples for family in collector.collect()}
+        await asyncio.sleep(0)  # the read it started runs
+        return found
+
+    async def scrapes() -> list[dict[str, list[Any]]]:
+        first = await scrape()  # empty: the read has only started
+        now[0] = 30
+        second = await scrape()
+        now[0] = 61
+        third = await scrape()
+        return [first, second, third]
+
+    first, second, third = asyncio.run(scrapes())
+    assert first["llm_gateway_reconcile_drift_ratio"] == []
+    [sample] = second["llm_gateway_reconcile_drift_ratio"]
+    assert sample.labels == {"provider": "p", "model": "gpt-x"} and sample.value == 0.25
+    assert reads == [0.0, 61]
+    assert third["llm_gateway_reconcile_last_run_timestamp_seconds"][0].value == 5.0

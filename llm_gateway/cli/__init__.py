@@ -7,14 +7,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from llm_gateway.cli import admin, billing, demo, keys, providers, routes, run, usage
+from llm_gateway.cli import admin, billing, demo, keys, providers, reconcile, routes, run, usage
 from llm_gateway.cli.common import config_failure, settings_from
 from llm_gateway.config import ConfigError
 from llm_gateway.telemetry.logs import configure_logging
 from llm_gateway.version import VERSION
 
 # In the order `--help` lists them.
-COMMAND_GROUPS = (run, demo, keys, admin, billing, usage, providers, routes)
+COMMAND_GROUPS = (run, demo, keys, admin, billing, usage, reconcile, providers, routes)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -114,6 +114,7 @@ def _provider(name: str, raw: Any, environ: Mapping[str, str]) -> ProviderConfig
     return ProviderConfig(
         name=name, base_url=base_url, profile=profile,
         api_key=Secret(key) if key else None, api_key_env=str(key_env) if key_env else None,
+        admin_key_env=_variable(f"{where}.admin_key_env", entry.get("admin_key_env")),
         auth_header=(_auth_header(where, entry["auth"]) if "auth" in entry
                      else PROFILES[profile].auth_header),
         protocols=_protocols(where, entry.get("protocols"), PROFILES[profile].protocols),
@@ -127,6 +128,15 @@ def _provider(name: str, raw: Any, environ: Mapping[str, str]) -> ProviderConfig
         unpriced=(_unpriced(f"{where}.unpriced", entry["unpriced"])
                   if "unpriced" in entry else None),
     )
+
+
+def _variable(where: str, raw: Any) -> str | None:
+    """An environment variable's name (None: unset)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw.strip() or "=" in raw or "\0" in raw:
+        raise RouteError(f"{where}: expected an environment variable's name, got {raw!r}")
+    return raw.strip()
 
 
 def _unpriced(where: str, raw: Any) -> str:

@@ -75,6 +75,10 @@ ROUTE_SCHEMA: tuple[RouteKey, ...] = (
     RouteKey(f"{_P}.api_key_env", "variable name", "unset",
              "the variable holding its key (or a key stored with `providers set-key NAME`; "
              "the environment wins)"),
+    RouteKey(f"{_P}.admin_key_env", "variable name", "unset",
+             "the variable holding its admin key (OpenAI's or Anthropic's admin key, a "
+             "Venice ADMIN key), which only `llm-gateway reconcile` uses, to read the "
+             "provider's own usage and cost report"),
     RouteKey(f"{_P}.auth", "bearer, none or {header: NAME}", "the profile's",
              "where its key goes: `Authorization: Bearer`, nowhere, or the bare key in a "
              "header (`anthropic`: `x-api-key`, `gemini`: `x-goog-api-key`)"),

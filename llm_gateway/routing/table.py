@@ -34,6 +34,10 @@ class ProviderConfig:
     profile: str = "openai"  # which translator speaks to it (llm_gateway.providers)
     api_key: Secret | None = None
     api_key_env: str | None = None
+    # The variable holding its admin key (OpenAI's and Anthropic's admin keys, Venice's
+    # ADMIN key), which only ``llm-gateway reconcile`` reads, to fetch the provider's own
+    # usage and cost report; never sent with a request.
+    admin_key_env: str | None = None
     # Where the key goes: "authorization" (as "Bearer <key>"), another header (the bare
     # key, e.g. "api-key"), or None (no key: a local vLLM or Ollama).
     auth_header: str | None = "authorization"

@@ -932,4 +932,35 @@ MIGRATIONS: tuple[Migration, ...] = (
         );
         """,
     ),
+    Migration(
+        15,
+        "the last reconciliation's drift per provider and model",
+        # ``llm-gateway reconcile`` (a CronJob) writes each model's worst relative drift
+        # against the provider's bill, replacing that provider's rows whole; every gateway's
+        # /metrics exports them (llm_gateway_reconcile_drift_ratio).
+        sqlite="""
+        CREATE TABLE reconcile_drift (
+            provider TEXT NOT NULL CHECK (length(provider) > 0),
+            model TEXT NOT NULL CHECK (length(model) > 0),
+            drift_ratio REAL NOT NULL,
+            within_tolerance INTEGER NOT NULL CHECK (within_tolerance IN (0, 1)),
+            since TEXT NOT NULL,
+            until TEXT NOT NULL,
+            reconciled_at REAL NOT NULL,
+            PRIMARY KEY (provider, model)
+        );
+        """,
+        postgres="""
+        CREATE TABLE reconcile_drift (
+            provider TEXT NOT NULL CHECK (length(provider) > 0),
+            model TEXT NOT NULL CHECK (length(model) > 0),
+            drift_ratio DOUBLE PRECISION NOT NULL,
+            within_tolerance BOOLEAN NOT NULL,
+            since DATE NOT NULL,
+            until DATE NOT NULL,
+            reconciled_at TIMESTAMPTZ NOT NULL,
+            PRIMARY KEY (provider, model)
+        );
+        """,
+    ),
 )

@@ -22,6 +22,7 @@ from llm_gateway.keys import KeyRecord
 from llm_gateway.stores import StoreUnavailable
 from llm_gateway.stores.admin_postgres import AdminPostgresMixin
 from llm_gateway.stores.migrations import MIGRATIONS
+from llm_gateway.stores.reconcile_drift import ReconcilePostgresMixin
 from llm_gateway.stores.usage_postgres import UsagePostgresMixin
 
 T = TypeVar("T")
@@ -72,7 +73,7 @@ def _as_uuid(text: str) -> uuid.UUID | None:
         return None
 
 
-class PostgresStore(UsagePostgresMixin, AdminPostgresMixin):
+class PostgresStore(UsagePostgresMixin, AdminPostgresMixin, ReconcilePostgresMixin):
     dialect = "postgres"
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:

@@ -14,6 +14,7 @@ from typing import TypeVar
 from llm_gateway.keys import KeyRecord
 from llm_gateway.stores.admin_sqlite import AdminSqliteMixin
 from llm_gateway.stores.migrations import MIGRATIONS
+from llm_gateway.stores.reconcile_drift import ReconcileSqliteMixin
 from llm_gateway.stores.usage_sqlite import UsageSqliteMixin
 
 T = TypeVar("T")
@@ -33,7 +34,7 @@ def _row_to_key(row: tuple) -> KeyRecord:
     )
 
 
-class SqliteStore(UsageSqliteMixin, AdminSqliteMixin):
+class SqliteStore(UsageSqliteMixin, AdminSqliteMixin, ReconcileSqliteMixin):
     dialect = "sqlite"
 
     def __init__(self, path: str) -> None:

@@ -15,9 +15,15 @@ from llm_gateway.testing import (
     fake_anthropic_request,
     fake_endpoints,
     fake_gemini,
+    fake_reports,
     fake_responses,
 )
-from llm_gateway.testing.fake_content import DEFAULT_FAKE_API_KEY, billing_payload, fake_id
+from llm_gateway.testing.fake_content import (
+    DEFAULT_FAKE_ADMIN_KEY,
+    DEFAULT_FAKE_API_KEY,
+    billing_payload,
+    fake_id,
+)
 from llm_gateway.testing.fake_errors import error_payload, gemini_error
 from llm_gateway.testing.fake_exchange import (
     ClientPresence,
@@ -30,6 +36,7 @@ from llm_gateway.testing.fake_exchange import (
     send_json,
 )
 from llm_gateway.testing.fake_faults import Fault, FaultQueue, hide_deliberate_cut_tracebacks
+from llm_gateway.testing.fake_ledger import ServedLedger
 from llm_gateway.testing.fake_responses_store import ResponseStore
 
 USAGE_MODES = ("venice", "openai", "anthropic", "gemini")
@@ -70,6 +77,11 @@ class FakeUpstream:
     since API version 2026-10-21); with both, ``x-api-key`` counts. It also requires
     ``anthropic-version``. ``extra_api_keys`` are accepted as well as ``api_key``, each with a
     Responses store of its own, as OpenAI keeps projects apart.
+
+    ``ledger`` (default: as ``record``) keeps every billed request it answers
+    (:mod:`fake_ledger`); its usage and cost report APIs (:mod:`fake_reports`), which take
+    ``admin_key`` only, bill from it, skewed by ``billing_skew`` requests (+1: one request
+    over-billed; -1: one under-billed; ``ledger.skew`` changes it at run time).
     """
 
     def __init__(
@@ -84,6 +96,9 @@ class FakeUpstream:
         auth_header: str = "authorization",
         strict_fields: bool = True,
         extra_api_keys: Sequence[str] = (),
+        admin_key: str = DEFAULT_FAKE_ADMIN_KEY,
+        ledger: bool | None = None,
+        billing_skew: int = 0,
     ) -> None:
         if usage_mode not in USAGE_MODES:
             raise ValueError(f"usage_mode must be one of {USAGE_MODES}, not {usage_mode!r}")
@@ -93,6 +108,7 @@ class FakeUpstream:
             raise ValueError(f"auth_header must be an HTTP header name, not {auth_header!r}")
         self.api_key = api_key
         self.api_keys = (api_key, *extra_api_keys)
+        self.admin_keys = (admin_key,)
         if api_prefix is None:
             api_prefix = _DEFAULT_PREFIXES[usage_mode]
         # Normalised to "/x/y" (or "" for the root) so prefix matching is a plain string test.
@@ -114,6 +130,8 @@ class FakeUpstream:
             fake_anthropic_request.MAX_REQUEST_BYTES if usage_mode == "anthropic" else None)
         # Stored Responses (openai mode), per API key.
         self.response_store = ResponseStore()
+        self.ledger = ServedLedger(usage_mode, skew=billing_skew)
+        self._keeps_ledger = record if ledger is None else ledger
         self._faults = FaultQueue()
         hide_deliberate_cut_tracebacks()
 
@@ -131,6 +149,7 @@ class FakeUpstream:
         self._faults.clear()
         self.requests.clear()
         self.response_store.clear()
+        self.ledger.clear()
         self.connections = 0
         self.max_in_flight = self.in_flight
 
@@ -170,6 +189,10 @@ class FakeUpstream:
         if api_key is None:
             return
         fault = self._faults.take(path) if self._faults else None
+        endpoint = path[len(self.api_prefix) :]
+        watch = (self.ledger.watch(send)
+                 if self._keeps_ledger and self.ledger.bills(method, endpoint) else None)
+        send = watch.send if watch is not None else send
         exchange = Exchange(
             method=method,
             path=path,
@@ -184,9 +207,11 @@ class FakeUpstream:
             api_key=api_key,
         )
         try:
-            await self._answer_admitted(exchange, path[len(self.api_prefix) :], fault)
+            await self._answer_admitted(exchange, endpoint, fault)
         finally:
             exchange.presence.stop()
+            if watch is not None:
+                watch.finish()
 
     async def _admitted(self, send: Send, path: str, headers: dict[str, str], body: bytes,
                         request_id: str, query: str = "") -> str | None:
@@ -204,7 +229,9 @@ class FakeUpstream:
                                     request_id=request_id)
             await send_json(send, 413, payload)
             return None
-        api_key = self._authenticated(headers, query)
+        # A report API takes the admin key only, an inference endpoint never takes it.
+        admin = fake_reports.is_report(self.usage_mode, path[len(prefix) :])
+        api_key = self._authenticated(headers, query, self.admin_keys if admin else None)
         if api_key is None:
             await self._send_unauthorized(send, headers, request_id, query)
             return None
@@ -245,15 +272,16 @@ class FakeUpstream:
                 return None
         return presented
 
-    def _authenticated(self, headers: dict[str, str], query: str = "") -> str | None:
-        """The key the request authenticated with, or None."""
+    def _authenticated(self, headers: dict[str, str], query: str = "",
+                       keys: Sequence[str] | None = None) -> str | None:
+        """The key the request authenticated with (of ``keys``, default the API keys)."""
         presented = self._presented_key(headers, query)
         if presented is None:
             return None
         # Constant time, as a real provider compares secrets, and against every key (no early
         # exit tells which one matched). Header values arrive as latin-1.
         matched = None
-        for key in self.api_keys:
+        for key in self.api_keys if keys is None else keys:
             if hmac.compare_digest(presented.encode("latin-1"), key.encode()):
                 matched = key
         return matched
@@ -295,6 +323,9 @@ class FakeUpstream:
     def _handlers(self, endpoint: str) -> dict[str, Handler] | None:
         """What the imitated provider serves at ``endpoint`` (relative to the prefix), by
         method; None for every other path (the "billing" ones)."""
+        reports = fake_reports.handlers(self.usage_mode, endpoint, self.ledger)
+        if reports is not None:
+            return reports
         stream = {"chunk_count": self.chunk_count, "chunk_delay": self.chunk_delay,
                   "strict_fields": self.strict_fields}
         strict = {"strict_fields": self.strict_fields}

@@ -9,6 +9,8 @@ import uuid
 from dataclasses import dataclass, field
 
 DEFAULT_FAKE_API_KEY = "sk-fake-upstream"
+# The key of its usage and cost report APIs (a provider's admin key), which nothing else takes.
+DEFAULT_FAKE_ADMIN_KEY = "sk-fake-admin"
 BILLING_SECRET = "you should never see this through the gateway"
 
 # Every reply chunk is "This is chunk N of the fake reply." -- eight words, which is also the number
