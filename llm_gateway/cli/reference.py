@@ -39,11 +39,12 @@ def configuration_page() -> str:
         "the file does not know stops start-up. How settings are read, and when they are "
         "read again: [How settings are read](../configuration.md).", "",
         "## Settings", "",
-        "| variable | YAML key | takes | default | meaning |", "|---|---|---|---|---|",
+        "| variable, YAML key | takes | default | meaning |", "|---|---|---|---|",
     ]
     for variable in VARIABLES:
-        name = "—" if variable.file_only else f"`{variable.name}`"
-        lines.append(_row(name, f"`{variable.name.lower()}`", accepted_values(variable.parse),
+        key = f"`{variable.name.lower()}`"
+        name = f"{key} (file only)" if variable.file_only else f"`{variable.name}`<br>{key}"
+        lines.append(_row(name, accepted_values(variable.parse),
                           _shown(defaults[variable.field]), variable.meaning))
     lines += [
         "", "## Routes", "",
