@@ -60,12 +60,14 @@ observe:
 # ---- supply chain: locks, SBOM, audit, release artifacts --------------------------------
 # uv resolves (universal, hashed, pip-format locks, in seconds); pip installs them, so a
 # fresh machine needs nothing but pip. Pinned versions stay unless UPGRADE=1.
-.PHONY: lock sbom audit dist wheel-check
+.PHONY: lock sbom audit dist wheel-check image image-test
 COMPILE = $(VENV)/bin/uv pip compile pyproject.toml --universal --generate-hashes \
 	--python-version 3.12 --quiet $(if $(UPGRADE),--upgrade)
 lock: $(STAMP)
 	$(COMPILE) requirements/build.in --extra test --extra docs -o $(LOCK)
 	$(COMPILE) -o requirements/runtime.lock
+	$(VENV)/bin/uv pip compile requirements/build.in --universal --generate-hashes \
+		--python-version 3.12 --quiet $(if $(UPGRADE),--upgrade) -o requirements/build.lock
 
 # The runtime's components (what the image and `pip install llm-gateway[all]` run), with
 # their hashes, as CycloneDX 1.6 JSON: dist/llm-gateway.cdx.json.
@@ -94,3 +96,12 @@ wheel-check: dist
 	$(VENV)-wheel/bin/pip install --quiet --require-hashes -r requirements/runtime.lock
 	$(VENV)-wheel/bin/pip install --quiet --no-deps dist/llm_gateway-*.whl
 	cd "$$(mktemp -d)" && $(CURDIR)/$(VENV)-wheel/bin/llm-gateway demo --check
+
+# The container image (sidecar/Dockerfile: every role), built here with buildah: from the
+# Dockerfile's base where a registry answers, else from a Debian base made by debootstrap.
+image: sbom
+	PY=$(PY) scripts/build-image
+
+# The image run with podman, each role as deployed, a request through serve and the sidecar.
+image-test: $(STAMP)
+	$(PY) scripts/test-image
