@@ -215,6 +215,9 @@ class Settings:
     environ: Mapping[str, str] | None = field(default=None, repr=False, compare=False)
     # YAML-only: a seed for the price table (llm_gateway.billing.prices reads it).
     prices: Any = None
+    # YAML-only: budget alerts' webhooks and thresholds (llm_gateway.billing.alerts reads
+    # it). Never printed: it may hold webhook secrets.
+    alerts: Any = field(default=None, repr=False)
     # admin plane: the admin listener (None: off), the key that encrypts provider keys at
     # rest, and JWT callers (a JWKS URL or one PEM public key; issuer and audience).
     admin_bind: HostPort | None = DEFAULT_ADMIN_BIND
@@ -475,6 +478,13 @@ def _as_written(raw: Any) -> Any:
     return raw
 
 
+@_accepts("mapping: webhooks (a list of {url, secret} or {url, secret_env}), thresholds "
+          "(fractions of a budget; default [0.5, 0.8, 1.0])")
+def _alerts_as_written(raw: Any) -> Any:
+    """``alerts:``, read by llm_gateway.billing.alerts (which checks it at start-up)."""
+    return raw
+
+
 _accepts("HOST:PORT")(parse_host_port)
 
 
@@ -604,6 +614,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PRICES", "prices", _as_written, file_only=True,
              meaning="a seed for the price table, read at start-up; a price set in the database"
              " for the same provider, model and start wins"),
+    Variable("ALERTS", "alerts", _alerts_as_written, file_only=True,
+             meaning="budget alerts: each budget's thresholds reached (once per window and"
+             " threshold, across replicas) are a `budget_alert` log event, a metric, and a"
+             " signed POST to each webhook"),
     # admin plane
     Variable("ADMIN_BIND_ADDR", "admin_bind", _optional_host_port,
              meaning="the admin API, the console and the probes, started by `serve`; `off`: not"

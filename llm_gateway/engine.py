@@ -29,6 +29,7 @@ from typing import Any
 
 from llm_gateway import caller_text, errors
 from llm_gateway.auth import Authenticator
+from llm_gateway.billing.alerts_watch import BudgetAlerts
 from llm_gateway.billing.ledger import Owner
 from llm_gateway.billing.metering import UsageWriter
 from llm_gateway.billing.model import Price
@@ -111,6 +112,7 @@ class Gateway:
         usage: UsageWriter,
         telemetry: Telemetry,
         response_owners: ResponseOwners | None = None,
+        alerts: BudgetAlerts | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -135,7 +137,7 @@ class Gateway:
         self.api_root_for_host = self.interception.api_root_for_host
         self.path_under_root = self.interception.path_under_root
         self.egress_rejection = self.interception.egress_rejection
-        self.finisher = Finisher(usage, quotas, telemetry)
+        self.finisher = Finisher(usage, quotas, telemetry, alerts)
         self.stored = (StoredResponses(response_owners, router, settings.responses_retention_days)
                        if response_owners is not None else None)
         self._started = False
@@ -174,7 +176,7 @@ class Gateway:
         await self._flush_touches()
         await self.relay.aclose()
         await self.limiter.close()
-        await self.finisher.drain()  # settlements of the last records, before their ledger
+        await self.finisher.close()  # the last records' settlements and alerts: before the ledger
         await self.quotas.ledger.close()
         if self.stored is not None:
             await self.stored.owners.close()
@@ -378,6 +380,7 @@ class Gateway:
         except LedgerUnavailable:
             return errors.budget_ledger_unavailable()
         if isinstance(decision, QuotaRefusal):
+            self.finisher.budget_refused(decision.limit, budgets.budgets)
             if decision.limit == "cap":
                 return errors.max_tokens_too_large(budgets.cap or 0)
             if decision.limit.startswith("tpm:"):

@@ -5,7 +5,9 @@ Its record is priced (the gateway's price table), spooled and queued for the dat
 telemetry and to every other sink, each sink's failure logged and kept from the others. The
 settlement runs whatever failed before it: a budget is never held by a request that ended.
 The records a killed process left in the spool are finished here too, at the next start
-(``account_orphan``). Settlements run off the request path (``background``). And what an
+(``account_orphan``). Settlements run off the request path (``background``), and so do the
+budget alerts they may set off (llm_gateway.billing.alerts_watch: told of each settled
+budget, and of each refusal by one, they look at the budgets later). And what an
 adapter's closing an answer does (``finish_response``), and the stream every adapter reads
 (``guarded_stream``: an engine failure inside it ends it in band; read to its end, it says
 so).
@@ -15,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from decimal import Decimal
 from typing import Any
 
+from llm_gateway.billing.alerts_watch import BudgetAlerts
 from llm_gateway.billing.metering import UsageRecord, UsageWriter
+from llm_gateway.billing.model import Budget
 from llm_gateway.billing.prices import cost_of
 from llm_gateway.billing.quotas import QuotaDecision, Quotas, reservation_from_json
 from llm_gateway.billing.spool import Orphan
@@ -32,10 +36,12 @@ ENGINE_FAILED = "The gateway failed on this request."
 
 
 class Finisher:
-    def __init__(self, usage: UsageWriter, quotas: Quotas, telemetry: Telemetry) -> None:
+    def __init__(self, usage: UsageWriter, quotas: Quotas, telemetry: Telemetry,
+                 alerts: BudgetAlerts | None = None) -> None:
         self.usage = usage
         self.quotas = quotas
         self.telemetry = telemetry
+        self.alerts = alerts
         self._sinks: list[RecordSink] = [self._write_record]
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -66,6 +72,8 @@ class Finisher:
             if reservation is not None:
                 self.background(self.quotas.settle(reservation, record.total_tokens,
                                                    spent(record)))
+                if self.alerts is not None:
+                    self.alerts.noticed(reservation.holds)
         self.telemetry.finished(record, exchange)
 
     def price(self, record: UsageRecord, provider: str, model: str) -> None:
@@ -106,10 +114,22 @@ class Finisher:
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(_settled)
 
+    def budget_refused(self, limit: str, budgets: Sequence[Budget]) -> None:
+        """A budget's ``limit`` refused a request (which thus never finishes)."""
+        if self.alerts is not None:
+            self.alerts.refused(limit, budgets)
+
     async def drain(self) -> None:
         """Wait for the settlements under way (before their ledger closes)."""
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        """The settlements under way, then the budget alerts' last look and deliveries
+        (they read the ledger too): before the ledger closes."""
+        await self.drain()
+        if self.alerts is not None:
+            await self.alerts.close()
 
 
 def spent(record: UsageRecord) -> Decimal | None:

@@ -14,12 +14,15 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.trace import TracerProvider
 
 from llm_gateway.auth import KEY_CACHE_SECONDS, Authenticator
+from llm_gateway.billing.alerts import parse_alert_settings
+from llm_gateway.billing.alerts_watch import RECHECK_SECONDS, BudgetAlerts, Claims
 from llm_gateway.billing.ledger import Ledger, MemoryLedger
 from llm_gateway.billing.ledger_leased import LeasedLedger
 from llm_gateway.billing.metering import UsageWriter
 from llm_gateway.billing.prices import PriceBook, PriceError, prices_from_settings
 from llm_gateway.billing.quotas import BudgetBook, Quotas
 from llm_gateway.billing.spool import Spool
+from llm_gateway.billing.webhooks import WebhookSender
 from llm_gateway.config import ConfigError, Settings, is_postgres_url
 from llm_gateway.engine import Gateway
 from llm_gateway.limits import (
@@ -50,6 +53,7 @@ from llm_gateway.stores.responses import ResponseOwners
 from llm_gateway.stores.responses_sqlite import SqliteResponseOwners
 from llm_gateway.stores.sqlite import SqliteStore
 from llm_gateway.telemetry import StateCollector, Telemetry
+from llm_gateway.telemetry.alert_metrics import AlertCollector
 from llm_gateway.telemetry.reconcile_metrics import ReconcileDriftCollector
 
 if TYPE_CHECKING:
@@ -114,6 +118,7 @@ def build_gateway(
         routes=route_source, shared_health=shared_health, quotas=quotas,
         seed_prices=seed_prices, usage=usage, telemetry=telemetry,
         response_owners=open_response_owners(settings, store, redis),
+        alerts=open_alerts(settings, store, quotas, telemetry, redis, event_fd=access_log_fd),
     )
 
 
@@ -201,6 +206,40 @@ def open_quotas(settings: Settings, store: Store, auth: Authenticator,
     budgets = BudgetBook(store, outage=auth.outage, unavailable=(StoreUnavailable,))
     return Quotas(open_ledger(settings, store, redis), budgets, PriceBook(),
                   failure_policy=settings.rate_limit_failure_policy)
+
+
+def open_alerts(settings: Settings, store: Store, quotas: Quotas, telemetry: Telemetry,
+                redis: RedisScripts | None = None, *, event_fd: int = 2) -> BudgetAlerts | None:
+    """Budget alerts (``alerts:``; none with ``thresholds: []``): read from the budget
+    ledger, claimed once in the store the replicas share, shown on /metrics."""
+    environ = os.environ if settings.environ is None else settings.environ
+    try:
+        configured = parse_alert_settings(settings.alerts, environ)
+    except ValueError as exc:
+        raise ConfigError("alerts", str(exc)) from None
+    if not configured.thresholds:
+        return None
+    alerts = BudgetAlerts(
+        quotas.ledger, open_alert_claims(settings, store, redis), configured.thresholds,
+        sender=WebhookSender(configured.webhooks) if configured.webhooks else None,
+        event_fd=event_fd,
+        # A lease books what it spent when it is renewed or ends: looked at past that.
+        recheck_seconds=max(RECHECK_SECONDS, 3 * settings.limit_lease_seconds + 2))
+    telemetry.watch(AlertCollector(alerts))
+    return alerts
+
+
+def open_alert_claims(settings: Settings, store: Store,
+                      redis: RedisScripts | None = None) -> Claims:
+    """Where the replicas agree who sends an alert (llm_gateway.stores.alert_claims): Redis
+    when REDIS_URL is set, as the ledger is, else the key store's database."""
+    from llm_gateway.stores import alert_claims
+
+    if settings.redis_url and redis is not None:
+        return alert_claims.RedisClaims(redis, namespace=settings.redis_namespace)
+    if is_postgres_url(settings.database_url):
+        return alert_claims.PostgresClaims(store)  # type: ignore[arg-type]
+    return alert_claims.SqliteClaims(store)  # type: ignore[arg-type]
 
 
 def open_ledger(settings: Settings, store: Store, redis: RedisScripts | None = None) -> Ledger:

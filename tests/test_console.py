@@ -176,6 +176,9 @@ def test_an_operator_manages_a_key_from_sign_in_to_revocation(
     bar = page.get_by_role("progressbar", name="Today")
     bar.first.wait_for()
     assert page.get_by_role("progressbar").count() == 2
+    # Under each bar its burn rate, and when it runs out at that rate.
+    assert "/h · " in page.locator(".burn[data-limit=daily_usd]").first.inner_text()
+    assert "tokens/h · " in page.locator(".burn[data-limit=daily_tokens]").first.inner_text()
     screenshots(page, "e2e-budgets")
 
     # Revoke it, with a confirmation; the public listener refuses it at once.

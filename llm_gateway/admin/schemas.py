@@ -233,12 +233,24 @@ class Budget(BaseModel):
     stop_streams_at_budget: bool
 
 
+class BurnRate(BaseModel):
+    per_hour: str = Field(description=(
+        "spent per hour over the part of the window gone by: USD (a decimal string) for "
+        "daily_usd and monthly_usd, tokens for daily_tokens and monthly_tokens"))
+    runs_out_at: float | None = Field(description=(
+        "when the limit is used up at that rate (Unix seconds); null: not before the "
+        "window ends, nothing spent yet, or spent already"))
+    exhausted: bool = Field(description="the limit is spent")
+
+
 class BudgetWithSpend(Budget):
     label: str
     spent_today_usd: Money
     spent_month_usd: Money
     tokens_today: int
     tokens_month: int
+    burn: dict[Literal["daily_usd", "monthly_usd", "daily_tokens", "monthly_tokens"],
+               BurnRate] = Field(description="each limit the budget sets, by its field")
 
 
 class Subject(BaseModel):

@@ -32,6 +32,7 @@ from llm_gateway.admin.common import (
     month_start,
     whole_number,
 )
+from llm_gateway.billing.alerts import budget_burn
 from llm_gateway.billing.lookup import find_requests
 from llm_gateway.billing.model import RATE_FIELDS, Budget, BudgetScope, OverCap, Price, money
 from llm_gateway.billing.refusals import GROUPS as REFUSAL_GROUPS
@@ -270,7 +271,7 @@ class BillingOps(ServiceBase):
         # Key budgets are labelled with their key's name (a list only when there are any).
         keys = ({k.id: k for k in await self.store.list_keys()}
                 if any(b.scope is BudgetScope.KEY for b in budgets) else {})
-        return [_with_spend(budget, spent.get(budget.scope.value, {}), keys)
+        return [_with_spend(budget, spent.get(budget.scope.value, {}), keys, self.clock())
                 for budget in budgets]
 
     async def subjects(self, *, with_keys: bool = True) -> list[dict[str, Any]]:
@@ -294,7 +295,7 @@ class BillingOps(ServiceBase):
             "spend_today_usd": _cost(spent.get(name, {}).get("today")),
             "spend_month_usd": _cost(spent.get(name, {}).get("month")),
             "requests_month": int(spent.get(name, {}).get("month", {}).get("requests", 0)),
-            "budget": _with_spend(budgets[name], spent, {}) if name in budgets else None,
+            "budget": _with_spend(budgets[name], spent, {}, now) if name in budgets else None,
         } for name in names]
 
 
@@ -303,14 +304,18 @@ def _cost(row: Mapping[str, Any] | None) -> str:
 
 
 def _with_spend(budget: Budget, spent: Mapping[str, Mapping[str, Mapping[str, Any]]],
-                keys: Mapping[str, Any]) -> dict[str, Any]:
+                keys: Mapping[str, Any], now: float) -> dict[str, Any]:
     windows = spent.get(budget.scope_id) or {}
     day, month = windows.get("today") or {}, windows.get("month") or {}
     key = keys.get(budget.scope_id) if budget.scope is BudgetScope.KEY else None
+    used = {"daily_usd": Decimal(str(day.get("cost_usd") or 0)),
+            "monthly_usd": Decimal(str(month.get("cost_usd") or 0)),
+            "daily_tokens": int(day.get("total_tokens", 0)),
+            "monthly_tokens": int(month.get("total_tokens", 0))}
     return {
         **budget_fields(budget),
         "label": f"{key.name} ({key.prefix}…)" if key else budget.scope_id,
         "spent_today_usd": _cost(day), "spent_month_usd": _cost(month),
-        "tokens_today": int(day.get("total_tokens", 0)),
-        "tokens_month": int(month.get("total_tokens", 0)),
+        "tokens_today": used["daily_tokens"], "tokens_month": used["monthly_tokens"],
+        "burn": budget_burn(budget, used, now),  # each limit's rate and run-out time
     }

@@ -119,6 +119,11 @@ class Ledger(Protocol):
         many reservations (bounded per call)."""
         ...
 
+    async def spent(self, names: list[str]) -> dict[str, int]:
+        """What each counter has spent (0: never written), in one read: for budget alerts,
+        off the request path."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -348,6 +353,9 @@ class MemoryLedger:
         """The shared rule, though only a ledger shared in process (tests) has others'
         processes: this one dies with its process, reservations and all."""
         return sweep_in(self, self._clock(), self._orphan_seconds)
+
+    async def spent(self, names: list[str]) -> dict[str, int]:
+        return {name: self.counter(name)[0] for name in names}
 
     async def close(self) -> None:
         return None

@@ -138,6 +138,11 @@ class LeasedLedger:
     async def sweep(self) -> int:
         return await self.shared.sweep()
 
+    async def spent(self, names: list[str]) -> dict[str, int]:
+        """The backend's figures: what leases spent is booked there within a lease period
+        or two (when each is renewed or ends), so this lags by at most that."""
+        return await self.shared.spent(names)
+
     async def close(self) -> None:
         """Book every lease, then close the backend."""
         await self._keeper.close()

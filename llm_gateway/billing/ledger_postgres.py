@@ -81,6 +81,13 @@ class PostgresLedger:
             row = await cursor.fetchone()
         return int(row[0])
 
+    async def spent(self, names: list[str]) -> dict[str, int]:
+        async with self._store.connection() as conn:
+            cursor = await conn.execute(
+                "SELECT name, spent FROM quota_counters WHERE name = ANY(%s)", (names,))
+            found = {name: int(spent) for name, spent in await cursor.fetchall()}
+        return {name: found.get(name, 0) for name in names}
+
     async def close(self) -> None:
         return None
 

@@ -197,8 +197,16 @@ end
 return released
 """
 
+# KEYS: counters. Returns what each has spent ('0' for one that does not exist).
+SPENT_SCRIPT = """
+local spent = {}
+for i = 1, #KEYS do spent[i] = redis.call('HGET', KEYS[i], 'spent') or '0' end
+return spent
+"""
+
 RESERVE, SETTLE = Script(RESERVE_SCRIPT), Script(SETTLE_SCRIPT)
 HEARTBEAT, SWEEP = Script(HEARTBEAT_SCRIPT), Script(SWEEP_SCRIPT)
+SPENT = Script(SPENT_SCRIPT)
 SETTLE_GRACE_SECONDS = 0.05
 
 
@@ -263,6 +271,12 @@ class RedisLedger:
         return int(await self._scripts.run(SWEEP, [self._processes], [
             repr(self._orphan_seconds), SWEEP_PROCESSES, SWEEP_ROWS, int(TOMBSTONE_SECONDS),
             self._base, self._prefix]))
+
+    async def spent(self, names: list[str]) -> dict[str, int]:
+        if not names:
+            return {}
+        found = await self._scripts.run(SPENT, [self._prefix + name for name in names], [])
+        return dict(zip(names, (int(value) for value in found), strict=True))
 
     async def close(self) -> None:
         await self._scripts.close()

@@ -154,5 +154,10 @@ class SqliteLedger:
         with self._file.transaction() as db:
             return sweep_in(_Rows(db), now, self._orphan_seconds)
 
+    async def spent(self, names: list[str]) -> dict[str, int]:
+        with self._file.transaction() as db:
+            rows = _Rows(db)
+            return {name: rows.counter(name)[0] for name in names}
+
     async def close(self) -> None:
         self._file.close()

@@ -365,4 +365,18 @@ def _print_budgets(rows: list[dict[str, Any]], as_json: bool, *, one: bool) -> N
         if "spent_today_usd" in row:
             print(f"  {'spent today (USD)':<24} {row['spent_today_usd']}")
             print(f"  {'spent this month (USD)':<24} {row['spent_month_usd']}")
+        for name, rate in (row.get("burn") or {}).items():
+            print(f"  {'burn rate ' + name:<24} {_burn_text(name, rate)}")
 
+
+def _burn_text(limit: str, rate: Mapping[str, Any]) -> str:
+    """``0.12 USD/h, runs out 2026-12-03 18:40:00Z``: a limit's rate now and when it is
+    used up at that rate."""
+    unit = "USD" if limit.endswith("_usd") else "tokens"
+    if rate["exhausted"]:
+        ends = "spent"
+    elif rate["runs_out_at"] is None:
+        ends = "does not run out this " + ("day" if limit.startswith("daily") else "month")
+    else:
+        ends = f"runs out {when(rate['runs_out_at'])}"
+    return f"{rate['per_hour']} {unit}/h, {ends}"

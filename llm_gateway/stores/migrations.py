@@ -933,6 +933,32 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
     ),
     Migration(
+        13,
+        "budget alerts: which threshold of which budget's window was alerted, by whom",
+        # One row per alert sent (llm_gateway.stores.alert_claims): the primary key is the
+        # budget's counter (so its window's start) and the threshold, so that of all the
+        # replicas that see a budget reach 80 % the one whose insert wrote the row sends
+        # it (ON CONFLICT DO NOTHING). Swept a day after its window ends.
+        sqlite="""
+        CREATE TABLE budget_alerts (
+            alert_key TEXT PRIMARY KEY CHECK (length(alert_key) > 0),
+            alert_id TEXT NOT NULL,
+            claimed_at REAL NOT NULL,
+            expires_at REAL NOT NULL
+        );
+        CREATE INDEX budget_alerts_expires ON budget_alerts (expires_at);
+        """,
+        postgres="""
+        CREATE TABLE budget_alerts (
+            alert_key TEXT PRIMARY KEY CHECK (length(alert_key) > 0),
+            alert_id TEXT NOT NULL,
+            claimed_at TIMESTAMPTZ NOT NULL,
+            expires_at TIMESTAMPTZ NOT NULL
+        );
+        CREATE INDEX budget_alerts_expires ON budget_alerts (expires_at);
+        """,
+    ),
+    Migration(
         15,
         "the last reconciliation's drift per provider and model",
         # ``llm-gateway reconcile`` (a CronJob) writes each model's worst relative drift

@@ -1,5 +1,6 @@
 // Subjects and budgets: who owns which keys, what each spent today and this month, and
-// progress bars of spend against budget; set or remove a budget.
+// progress bars of spend against budget, each with its burn rate and when it runs out at
+// that rate; set or remove a budget.
 
 import { api } from "../api.js";
 import { confirmDialog, empty, field, fmt, formError, h, meter, openDialog, pageHeader, pagedTable, table, toast } from "../ui.js";
@@ -44,16 +45,28 @@ export async function render() {
 function meters(b) {
   if (!b) return h("span", { class: "muted" }, "no budget");
   const bars = [];
-  if (b.daily_usd !== null) bars.push(meter("Today", Number(b.spent_today_usd), Number(b.daily_usd), fmt.usd));
-  if (b.monthly_usd !== null) bars.push(meter("This month", Number(b.spent_month_usd), Number(b.monthly_usd), fmt.usd));
-  if (b.daily_tokens !== null) bars.push(meter("Tokens today", b.tokens_today, b.daily_tokens, fmt.compact));
-  if (b.monthly_tokens !== null) bars.push(meter("Tokens this month", b.tokens_month, b.monthly_tokens, fmt.compact));
+  if (b.daily_usd !== null) bars.push(meter("Today", Number(b.spent_today_usd), Number(b.daily_usd), fmt.usd), burnLine(b, "daily_usd"));
+  if (b.monthly_usd !== null) bars.push(meter("This month", Number(b.spent_month_usd), Number(b.monthly_usd), fmt.usd), burnLine(b, "monthly_usd"));
+  if (b.daily_tokens !== null) bars.push(meter("Tokens today", b.tokens_today, b.daily_tokens, fmt.compact), burnLine(b, "daily_tokens"));
+  if (b.monthly_tokens !== null) bars.push(meter("Tokens this month", b.tokens_month, b.monthly_tokens, fmt.compact), burnLine(b, "monthly_tokens"));
   const limits = [];
   if (b.tokens_per_minute !== null) limits.push(`${fmt.int(b.tokens_per_minute)} tokens/min`);
   if (b.max_output_tokens !== null) limits.push(`max ${fmt.int(b.max_output_tokens)} output tokens (${b.over_cap})`);
   if (b.stop_streams_at_budget) limits.push("streams stop at budget");
   return h("div", { class: "meters-cell" }, bars.length ? bars : null, limits.length ? h("p", { class: "muted small" }, limits.join(" · ")) : null,
     !bars.length && !limits.length ? h("span", { class: "muted" }, "no limits set") : null);
+}
+
+// "$0.42/h · runs out 2026-12-03 18:40Z": the limit's spend per hour so far in its window,
+// and when the rest is gone at that rate (or that it is not, before the window starts over).
+function burnLine(b, name) {
+  const rate = b.burn?.[name];
+  if (!rate) return null;
+  const usd = name.endsWith("_usd");
+  const perHour = usd ? `${fmt.usd(rate.per_hour)}/h` : `${fmt.compact(rate.per_hour)} tokens/h`;
+  const window = name.startsWith("daily") ? "today" : "this month";
+  const ends = rate.exhausted ? "spent" : rate.runs_out_at ? `runs out ${fmt.date(rate.runs_out_at)}` : `does not run out ${window}`;
+  return h("p", { class: "muted small burn", dataset: { limit: name } }, `${perHour} · ${ends}`);
 }
 
 function budgetButtons(scope, id, label, current) {
