@@ -1,4 +1,4 @@
-"""A description of the machine the figures were measured on, for the JSON and the README."""
+"""A description of the machine the figures were measured on, for the JSON and the docs."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def describe_machine() -> dict[str, object]:
 
 
 def machine_summary(machine: dict[str, object]) -> str:
-    """One line for the table header and the README: model, cores, memory, kernel, Python."""
+    """One line for the table header and the docs: model, cores, memory, kernel, Python."""
     return (
         f"{machine['cpu_model']}, {machine['cpus']} CPUs, {machine['memory_gib']} GiB, "
         f"Linux {machine['kernel']}, Python {machine['python']}"

@@ -1,4 +1,4 @@
-"""The run's outputs: the table on stdout (and in Markdown for the README) and the JSON file."""
+"""The run's outputs: the table on stdout (and in Markdown for the docs) and the JSON file."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@
 Starts the fake upstream, creates a gateway key, then starts, measures and stops each target
 in turn (the table), then runs each phase (bench/phases.py). Prints the table, the phases and
 every goal, and writes ``bench-<timestamp>.json``, ``.png``, ``-streams.png`` and ``.md`` (the
-tables in Markdown, for the README) plus ``latest.*`` copies into the output directory.
+tables in Markdown, for docs/performance.md) plus ``latest.*`` copies into the output directory.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ viewer takes a line or paragraph separator, or a bidirectional override, for a r
 Rather than escape for each sink, a caller's string is admitted once, here, before
 anything is reserved or sent: valid Unicode (no lone surrogates), no control or format
 characters, no line or paragraph separators, and at most a bound per field
-(``FIELD_CHARS``). The bounds are documented in the README's error table.
+(``FIELD_CHARS``). The bounds are documented in the error table of docs/protocols.md.
 
 A header value built from such a string (``x-llm-gateway-upstream`` names a passthrough
 model as the caller spelled it) goes through ``header_value``: percent-encoded outside
