@@ -74,6 +74,7 @@ class WebhookSender:
 
     def send(self, payload: dict[str, Any]) -> None:
         """Queue ``payload`` for every webhook; never waits (a full queue drops it)."""
+        self.start()  # on the running loop, once
         body = json.dumps(payload, separators=(",", ":")).encode()
         for index, queue in enumerate(self._queues):
             try:
