@@ -211,6 +211,8 @@ def test_refusals_add_up_across_replicas_within_bounds_and_retention(
     assert (sum(tally.counts.values()), tally.dropped) == (3, 1)
 
 
+# Chromium; the store's side of it (both dialects) is the tests above.
+@pytest.mark.slow_once
 def test_the_console_marks_provider_reported_spend_and_shows_refusals_by_kind(
     browser: Any, admin_gw: AdminGateway,  # noqa: F811
 ) -> None:
