@@ -13,6 +13,7 @@ import datetime as dt
 import io
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from typing import Any
 
@@ -21,9 +22,10 @@ import pytest
 from llm_gateway.billing.metering import UsageWriter
 from llm_gateway.billing.records import UsageRecord
 from llm_gateway.billing.refusals import RefusalBucket, RefusalTally, refusal_report
+from llm_gateway.billing.reports import usage_report
 from llm_gateway.cli import build_parser
 from llm_gateway.errors import reject
-from llm_gateway.keys import KeyRecord, new_key_record
+from llm_gateway.keys import new_key_record
 from llm_gateway.stores import open_store
 from tests.support import create_key, roomy_window
 from tests.test_admin_api import (  # noqa: F401 (fixtures)
@@ -56,13 +58,11 @@ def record(request_id: str, cost: str | None, provider_cost: str | None, *,
 
 
 def seed(database_url: str, records: list[UsageRecord],
-         refusals: list[tuple[Any, ...]] = (), keys: list[KeyRecord] = ()) -> None:  # type: ignore[assignment]
+         refusals: list[tuple[Any, ...]] = ()) -> None:  # type: ignore[assignment]
     async def write() -> None:
         store = open_store(database_url)
         try:
             await store.migrate()
-            for key in keys:
-                await store.insert_key(key)
             await store.write_usage(records)
             if refusals:
                 await store.write_refusals(list(refusals))  # type: ignore[attr-defined]
@@ -216,12 +216,18 @@ def test_refusals_add_up_across_replicas_within_bounds_and_retention(
 def test_the_console_marks_provider_reported_spend_and_shows_refusals_by_kind(
     browser: Any, admin_gw: AdminGateway,  # noqa: F811
 ) -> None:
-    key, _ = new_key_record(name="app", subject_id="team-a", now=time.time())
-    minute = int(time.time() // 60) * 60
-    seed(admin_gw.settings.database_url,
-         [record(f"req_{n}", None, "0.125", key_id=key.id) for n in range(2)],
-         [(minute, "", "", 401, "invalid_api_key", 5),
-          (minute, key.id, "team-a", 429, "insufficient_quota", 2)], [key])
+    """A new user, no price set, calls Venice (which reports its cost) and is refused
+    (401, 429): the console shows that spend, marked, and the refusals by kind."""
+    with ThreadPoolExecutor(1) as pool:  # Playwright's loop runs in this thread
+        key, secret = pool.submit(create_key, admin_gw.settings.database_url, name="app",
+                                  rate_limit_requests=2,
+                                  rate_limit_window_seconds=roomy_window()).result()
+    statuses = [chat(admin_gw.public, secret).status_code for _ in range(3)]
+    statuses += [chat(admin_gw.public, "llmg_" + "y" * 38).status_code for _ in range(5)]
+    assert statuses == [200, 200, 429, 401, 401, 401, 401, 401]
+    admin_gw.gateway.flush_from_thread()
+    [row] = in_new_loop(_report(admin_gw.settings.database_url))
+    shown = f"${float(row['spend_usd']):.2g}"  # as the console rounds less than a cent
     page = browser.new_page(viewport={"width": 1280, "height": 860})
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
@@ -229,13 +235,13 @@ def test_the_console_marks_provider_reported_spend_and_shows_refusals_by_kind(
     open_page(page, admin_gw, "overview")
     spend = page.get_by_role("listitem").filter(has_text="Spend")
     assert spend.locator(".stat-value").inner_text().split("\n") == [
-        "$0.25", "≈ provider-reported"]
+        shown, "≈ provider-reported"]
     refused = page.get_by_role("listitem").filter(has_text="Refused")
-    assert refused.locator(".stat-value").inner_text() == "7"
+    assert refused.locator(".stat-value").inner_text() == "6"
     kinds = page.get_by_role("table", name="Requests refused this week, by kind")
     assert [row.get_by_role("cell").all_inner_texts() for row in
             kinds.locator("tbody tr").all()] == [["invalid_api_key", "401", "5"],
-                                                 ["insufficient_quota", "429", "2"]]
+                                                 ["rate_limit_exceeded", "429", "1"]]
     assert page.get_by_text("this is the cost the provider reported").count() >= 1
     assert_accessible(page)
 
@@ -244,7 +250,7 @@ def test_the_console_marks_provider_reported_spend_and_shows_refusals_by_kind(
     assert row.get_by_role("cell").last.inner_text() != ""  # drawn
     spend_cell = row.locator("td[data-label=Spend]")
     # A narrow cell's mark is "≈"; its words are for a screen reader and in the legend.
-    assert spend_cell.text_content() == "$0.25 ≈ provider-reported"
+    assert spend_cell.text_content() == f"{shown} ≈ provider-reported"
     assert spend_cell.locator(".cost-mark").get_attribute("title")
     refusals = page.get_by_role("table", name="Requests refused, by kind")
     assert refusals.locator("tbody tr").count() == 2
@@ -252,8 +258,16 @@ def test_the_console_marks_provider_reported_spend_and_shows_refusals_by_kind(
     page.get_by_label("Key", exact=True).select_option(key.id)
     page.get_by_role("cell", name="invalid_api_key").wait_for(state="detached")
     assert [row.get_by_role("cell").all_inner_texts() for row in
-            refusals.locator("tbody tr").all()] == [["insufficient_quota", "429", "2"]]
+            refusals.locator("tbody tr").all()] == [["rate_limit_exceeded", "429", "1"]]
     assert page.get_by_role("listitem").filter(has_text="Refused").locator(
-        ".stat-value").inner_text() == "2"
+        ".stat-value").inner_text() == "1"
     assert_accessible(page)
     assert errors == []
+
+
+async def _report(database_url: str) -> list[dict[str, Any]]:
+    store = open_store(database_url)
+    try:
+        return await usage_report(store, ["model"], latency=False)
+    finally:
+        await store.close()
