@@ -66,36 +66,39 @@ COMPILE = $(VENV)/bin/uv pip compile pyproject.toml --universal --generate-hashe
 lock: $(STAMP)
 	$(COMPILE) requirements/build.in --extra test --extra docs -o $(LOCK)
 	$(COMPILE) -o requirements/runtime.lock
+	$(COMPILE) --extra all -o requirements/all.lock
 	$(VENV)/bin/uv pip compile requirements/build.in --universal --generate-hashes \
 		--python-version 3.12 --quiet $(if $(UPGRADE),--upgrade) -o requirements/build.lock
 
-# The runtime's components (what the image and `pip install llm-gateway[all]` run), with
-# their hashes, as CycloneDX 1.6 JSON: dist/llm-gateway.cdx.json.
+# The components of what the image and `pip install llm-gateway[all]` run, with their
+# hashes, as CycloneDX 1.6 JSON: dist/llm-gateway.cdx.json.
 sbom: $(STAMP)
 	mkdir -p dist
-	$(VENV)/bin/cyclonedx-py requirements requirements/runtime.lock --of JSON \
+	$(VENV)/bin/cyclonedx-py requirements requirements/all.lock --of JSON \
 		--output-reproducible --validate -o dist/llm-gateway.cdx.json
 	@echo "wrote dist/llm-gateway.cdx.json"
 
 # Known vulnerabilities in the locked runtime, from PyPI's advisory data (its per-release
 # JSON API: where that is not reachable, --strict fails rather than report "none found").
 audit: $(STAMP)
-	$(VENV)/bin/pip-audit --strict --disable-pip --require-hashes -r requirements/runtime.lock
+	$(VENV)/bin/pip-audit --strict --disable-pip --require-hashes -r requirements/all.lock
 
 # The wheel and the sdist, from the locked build backend.
 dist: $(STAMP)
 	rm -rf dist/*.whl dist/*.tar.gz
 	$(PY) -m build --no-isolation --outdir dist .
 
-# What a user installs, tried as they would: the wheel in a fresh virtual environment (its
-# dependencies from the runtime lock), then its self-test. CI runs it, so a file the
-# package needs but does not ship fails there.
+# What a user installs, tried as they would: the wheel without extras in a fresh virtual
+# environment (the core's dependencies from the runtime lock), then its self-test, and the
+# sidecar saying which extra it needs. CI runs it, so a file the package needs but does
+# not ship, or an optional library the core imports, fails there.
 wheel-check: dist
 	rm -rf $(VENV)-wheel
 	"$$(scripts/find-python)" -m venv $(VENV)-wheel
 	$(VENV)-wheel/bin/pip install --quiet --require-hashes -r requirements/runtime.lock
 	$(VENV)-wheel/bin/pip install --quiet --no-deps dist/llm_gateway-*.whl
 	cd "$$(mktemp -d)" && $(CURDIR)/$(VENV)-wheel/bin/llm-gateway demo --check
+	$(VENV)-wheel/bin/llm-gateway sidecar 2>&1 | grep "pip install 'llm-gateway\[sidecar\]'"
 
 # The container image (sidecar/Dockerfile: every role), built here with buildah: from the
 # Dockerfile's base where a registry answers, else from a Debian base made by debootstrap.

@@ -25,6 +25,7 @@ from llm_gateway.billing.spool import Spool
 from llm_gateway.billing.webhooks import WebhookSender
 from llm_gateway.config import ConfigError, Settings, is_postgres_url
 from llm_gateway.engine import Gateway
+from llm_gateway.extras import need
 from llm_gateway.limits import (
     LeasingLimiter,
     MemoryRateLimiter,
@@ -185,6 +186,7 @@ def _redis_scripts(settings: Settings) -> RedisScripts | None:
     """The one pipelined Redis connection the limiter and the ledger share (open_limiter)."""
     if not settings.redis_url:
         return None
+    need("redis")
     from llm_gateway.redis_scripts import RedisScripts
 
     return RedisScripts(settings.redis_url)
@@ -193,6 +195,7 @@ def _redis_scripts(settings: Settings) -> RedisScripts | None:
 def _jwt_verifier(settings: Settings) -> JwtVerifier | None:
     if not (settings.jwt_jwks_url or settings.jwt_public_key):
         return None
+    need("jwt")
     from llm_gateway.auth_jwt import jwt_verifier
 
     return jwt_verifier(settings)

@@ -30,12 +30,23 @@ def locked(path: Path) -> dict[str, str]:
 
 def test_the_locks_pin_every_requirement_of_pyproject_within_its_range() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    for lock, extras in (("runtime.lock", []), ("test.lock", ["test"])):
+    optional = project["optional-dependencies"]
+
+    def wanted(extras: list[str]) -> list[Requirement]:
+        """The requirements of ``extras``, self-references (llm-gateway[all]) expanded."""
+        out = []
+        for extra in extras:
+            for requirement in map(Requirement, optional[extra]):
+                if requirement.name == project["name"]:
+                    out += wanted(sorted(requirement.extras))
+                else:
+                    out.append(requirement)
+        return out
+
+    for lock, extras in (("runtime.lock", []), ("all.lock", ["all"]),
+                         ("test.lock", ["test", "docs"])):
         pins = locked(ROOT / "requirements" / lock)
-        wanted = [*project["dependencies"],
-                  *(r for extra in extras for r in project["optional-dependencies"][extra])]
-        for line in wanted:
-            requirement = Requirement(line)
+        for requirement in [*map(Requirement, project["dependencies"]), *wanted(extras)]:
             name = re.sub(r"[-_.]+", "-", requirement.name).lower()
             assert name in pins, f"{lock} lacks {name}: run `make lock`"
             assert requirement.specifier.contains(pins[name], prereleases=True), (
@@ -54,19 +65,19 @@ def test_the_wheel_carries_every_file_of_the_package(tmp_path: Path) -> None:
     assert f"llm_gateway-{VERSION}.dist-info/METADATA" in shipped
 
 
-def test_the_sbom_is_valid_cyclonedx_of_the_runtime_lock(tmp_path: Path) -> None:
+def test_the_sbom_is_valid_cyclonedx_of_the_locked_runtime(tmp_path: Path) -> None:
     from cyclonedx.schema import SchemaVersion
     from cyclonedx.validation.json import JsonStrictValidator
 
     out = tmp_path / "sbom.cdx.json"
     subprocess.run([str(Path(sys.executable).parent / "cyclonedx-py"), "requirements",
-                    str(ROOT / "requirements" / "runtime.lock"), "--of", "JSON",
+                    str(ROOT / "requirements" / "all.lock"), "--of", "JSON",
                     "--output-reproducible", "-o", str(out)],
                    check=True, capture_output=True, timeout=120)
     document = out.read_text()
     assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(document) is None
     components = json.loads(document)["components"]
-    assert {c["name"].lower() for c in components} >= {"httpx", "uvicorn", "orjson"}
+    assert {c["name"].lower() for c in components} >= {"httpx", "mitmproxy", "psycopg"}
     # Each a pinned package URL (the lock's hashes ride in its description).
     assert all(re.fullmatch(r"pkg:pypi/[^@]+@[^@]+", c["purl"]) for c in components)
 

@@ -9,7 +9,6 @@ import logging
 import sqlite3
 from typing import Any
 
-import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -142,13 +141,22 @@ def build_admin_api(gateway: Gateway) -> FastAPI:
     # OverflowError: sqlite3's "Python int too large to convert to SQLite INTEGER", and
     # datetime's; psycopg.DataError: SQLSTATE class 22 (numeric or datetime out of range)
     # and the driver's own refusal of NUL in text.
-    for refused in (OverflowError, psycopg.DataError, sqlite3.DataError):
+    for refused in (OverflowError, sqlite3.DataError, *_postgres_errors("DataError")):
         api.add_exception_handler(refused, _value_refused)
-    for constraint in (psycopg.IntegrityError, sqlite3.IntegrityError):
+    for constraint in (sqlite3.IntegrityError, *_postgres_errors("IntegrityError")):
         api.add_exception_handler(constraint, _constraint_refused)
     api.add_exception_handler(Exception, _unexpected)
     api.openapi = lambda: _openapi(api)  # type: ignore[method-assign]
     return api
+
+
+def _postgres_errors(name: str) -> tuple[type[Exception], ...]:
+    """psycopg's error class ``name`` where the postgres extra is installed, else none."""
+    try:
+        import psycopg
+    except ModuleNotFoundError:
+        return ()
+    return (getattr(psycopg, name),)
 
 
 def _openapi(api: FastAPI) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from llm_gateway.cli.common import config_failure, settings_from
 from llm_gateway.config import ConfigError, Settings, host_port_argument, parse_workers
+from llm_gateway.extras import need
 from llm_gateway.stores import open_store
 
 if TYPE_CHECKING:
@@ -121,6 +122,7 @@ def cmd_fake_upstream(args: argparse.Namespace) -> int:
 
 
 def cmd_sidecar(args: argparse.Namespace, rest: Sequence[str]) -> int:
+    need("sidecar")
     from llm_gateway.adapters.sidecar import sidecar_main
 
     return sidecar_main(list(rest), settings_from(args))

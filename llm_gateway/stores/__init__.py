@@ -6,6 +6,7 @@ from typing import Protocol
 
 from llm_gateway.billing.records import UsageRecord
 from llm_gateway.config import is_postgres_url
+from llm_gateway.extras import need
 from llm_gateway.keys import KeyRecord
 
 
@@ -39,6 +40,7 @@ def open_store(database_url: str) -> Store:
 
         return SqliteStore.from_url(database_url)
     if is_postgres_url(database_url):
+        need("postgres")
         from llm_gateway.stores.postgres import PostgresStore
 
         return PostgresStore(database_url)

@@ -23,6 +23,7 @@ from typing import Any
 
 from llm_gateway.billing.records import UsageRecord
 from llm_gateway.config import Settings
+from llm_gateway.extras import need
 from llm_gateway.telemetry.genai import operation_name, protocol_label
 
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
@@ -61,6 +62,7 @@ class GenAIMetrics:
     def from_settings(cls, settings: Settings) -> GenAIMetrics | None:
         if not settings.otel_exporter_otlp_endpoint:
             return None
+        need("otel")
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader

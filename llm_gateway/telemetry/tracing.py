@@ -35,6 +35,7 @@ from opentelemetry.trace import (
 from llm_gateway.billing.records import UsageRecord
 from llm_gateway.config import Settings
 from llm_gateway.errors import Rejection
+from llm_gateway.extras import need
 from llm_gateway.telemetry.genai import openai_api_type, operation_name, provider_name
 
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
@@ -45,6 +46,7 @@ def tracer_provider_from_settings(settings: Settings) -> TracerProvider | None:
     """An OTLP/HTTP exporting provider when OTEL_EXPORTER_OTLP_ENDPOINT is set."""
     if not settings.otel_exporter_otlp_endpoint:
         return None
+    need("otel")
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     resource = Resource.create({"service.name": settings.otel_service_name})
