@@ -23,6 +23,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from llm_gateway.known_hosts import KnownHostsChange, parse_change
+
 
 class ConfigError(Exception):
     """A setting is missing or malformed; str() is the one line printed at start-up."""
@@ -209,6 +211,9 @@ class Settings:
     # The file the settings came from (reloaded for routes), and its route sections as
     # written (llm_gateway.routing reads them).
     config_file: str | None = None
+    # YAML-only: changes to the packaged list of known LLM hosts (known_hosts.py), which
+    # the sidecar intercepts, and refuses when no provider serves them.
+    known_llm_hosts: KnownHostsChange = field(default_factory=KnownHostsChange)
     routes: Mapping[str, Any] = field(default_factory=dict)
     # The environment loaded from (providers' `api_key_env` keys are read from it; None:
     # os.environ). Never printed: it holds keys.
@@ -489,6 +494,8 @@ _accepts("HOST:PORT")(parse_host_port)
 
 
 @dataclass(frozen=True, slots=True)
+_accepts("mapping: extra (host pattern: {provider, protocol}), remove (host patterns)")(
+    parse_change)
 class Variable:
     """One setting: its variable (the YAML key is the same name in lower case), the
     Settings field it fills, its parser and what it means. ``blank_is_unset``: an empty
@@ -618,6 +625,11 @@ VARIABLES: tuple[Variable, ...] = (
              meaning="budget alerts: each budget's thresholds reached (once per window and"
              " threshold, across replicas) are a `budget_alert` log event, a metric, and a"
              " signed POST to each webhook"),
+    Variable("KNOWN_LLM_HOSTS", "known_llm_hosts", parse_change, file_only=True,
+             meaning="changes to the packaged list of known LLM hosts (OpenAI, Anthropic, Google,"
+             " Azure OpenAI, Bedrock, Mistral...), which the sidecar never tunnels: governed when a"
+             " provider's base URL is on the host, else refused 403 `provider_not_configured`;"
+             " `extra` adds or replaces entries, `remove` drops packaged ones"),
     # admin plane
     Variable("ADMIN_BIND_ADDR", "admin_bind", _optional_host_port,
              meaning="the admin API, the console and the probes, started by `serve`; `off`: not"

@@ -49,6 +49,9 @@ CATALOGUE: dict[str, ErrorKind] = {kind.code: kind for kind in (
               "a provider path the gateway does not forward (billing, account, keys)"),
     ErrorKind(403, "permission_error", "egress_denied",
               "sidecar, `EGRESS_POLICY=deny`: a host that is not an LLM host"),
+    ErrorKind(403, "permission_error", "provider_not_configured",
+              "sidecar: a known LLM host (`api.openai.com`...) that no configured provider "
+              "serves; never tunnelled, under either egress policy"),
     ErrorKind(404, "invalid_request_error", "not_found", "a path the gateway does not serve"),
     ErrorKind(404, "invalid_request_error", "response_not_found",
               "a stored response (Responses API) that is not the caller's, or none"),
@@ -188,6 +191,16 @@ def egress_denied(host: str, port: int) -> Rejection:
     return reject(
         "egress_denied",
         f"Egress to {host}:{port} is not allowed: this pod may reach LLM providers only.",
+    )
+
+
+def provider_not_configured(host: str) -> Rejection:
+    """``host``: a known LLM host's name (it matched the list, so it is a plain host name)."""
+    return reject(
+        "provider_not_configured",
+        f"{host} is an LLM provider's host that no provider of this gateway serves: requests "
+        f"to it are refused, never passed through ungoverned. Call a configured provider, or "
+        f"configure one whose base_url is on {host}.",
     )
 
 

@@ -106,8 +106,12 @@ def test_configure_enforces_lazy_connections_and_allowed_hosts(tmp_path: Path) -
         context.configure(addon, connection_strategy="eager")
         options = context.options
         assert options.connection_strategy == "lazy" and options.upstream_cert is False
-        assert sorted(options.allow_hosts) == [r"^api\.venice\.ai:\d+$",
-                                               r"^venice\.example:8443$"]
+        assert options.rawtcp is False  # never relayed raw from an intercepted host
+        # The LLM hosts, then the known hosts no provider serves (refused, not tunnelled).
+        assert options.allow_hosts[:2] == [r"^api\.venice\.ai:\d+$", r"^venice\.example:8443$"]
+        assert r"^api\.openai\.com:\d+$" in options.allow_hosts[2:]
+        assert r"^[a-z0-9-]+\.openai\.azure\.com:\d+$" in options.allow_hosts
+        assert len(set(options.allow_hosts)) == len(options.allow_hosts)
         with pytest.raises(exceptions.OptionsError, match="ignore_hosts"):
             context.configure(addon, ignore_hosts=["api.venice.ai"])
         context.configure(addon, mode=["reverse:http://127.0.0.1:1"])

@@ -14,7 +14,7 @@ shapes, usage chunks: what ``serve`` does):
 
 For a request to an LLM host the hooks run in this order::
 
-    http_connect     (CONNECT, regular mode) egress policy for the other hosts
+    http_connect     (CONNECT, regular mode) egress policy for the hosts not intercepted
     requestheaders   is it an LLM host? keep its body buffered; refuse an oversized one
     request          admit: answer the rejection; the engine's answer (not a stream);
                      or forward to the stream relay (a stream)
@@ -29,8 +29,13 @@ response has started; nothing reaches a provider unless the engine admitted it.
 
 mitmproxy must connect lazily (``connection_strategy=lazy``: a rejected request never
 opens a connection, not even TCP) and must not sniff upstream certificates
-(``upstream_cert=false``); ``configure`` enforces both, and ``allow_hosts``, which keeps
-every other host's TLS untouched.
+(``upstream_cert=false``); ``configure`` enforces both, ``allow_hosts``, which keeps
+every other host's TLS untouched, and ``rawtcp=false``: what an intercepted host's client
+sends that is neither TLS nor HTTP is refused as malformed HTTP, never relayed raw.
+
+A known LLM host that no provider serves (``api.openai.com`` with no OpenAI provider) is
+intercepted too, and every request to it answered 403 ``provider_not_configured`` in the
+shape its clients read, under either egress policy: never a tunnel.
 """
 
 from __future__ import annotations
@@ -55,6 +60,8 @@ from llm_gateway.engine import Gateway
 from llm_gateway.errors import Rejection
 from llm_gateway.exchange import Exchange
 from llm_gateway.http_types import GatewayResponse, IncomingRequest
+from llm_gateway.interception import not_configured
+from llm_gateway.known_hosts import hostname
 from llm_gateway.wiring import build_gateway
 
 log = logging.getLogger("llm_gateway.sidecar")
@@ -137,7 +144,10 @@ class GatewayAddon:
 
     def _follow_routes(self, options: Any) -> None:
         try:
+            before = options.allow_hosts
             self._enforce(options)
+            if options.allow_hosts != before:
+                log.info("intercepted hosts: %s", self.engine().interception.described())
         except Exception:  # the routes changed all the same; the hosts stay as they were
             log.exception("llm-gateway: could not update the intercepted hosts")
 
@@ -161,17 +171,10 @@ class GatewayAddon:
             "upstream_cert": False,
             # TLS is intercepted for the LLM hosts only; every other host keeps its own
             # certificate. A reverse proxy serves nothing but the gateway.
-            "allow_hosts": [] if reverse_only else self._allow_host_patterns(),
+            "allow_hosts": ([] if reverse_only
+                            else self.engine().interception.intercepted_host_patterns()),
+            "rawtcp": False,
         }
-
-    def _allow_host_patterns(self) -> list[str]:
-        """The engine's LLM hosts as mitmproxy patterns, which match "host:port"."""
-        patterns = []
-        for host in sorted(self.engine().llm_host_roots):
-            name, _, port = host.rpartition(":") if _has_port(host) else (host, "", "")
-            port_pattern = port or r"\d+"  # a host without a port: any port
-            patterns.append(f"^{re.escape(name)}:{port_pattern}$")
-        return patterns
 
     async def running(self) -> None:
         await self.start()
@@ -194,13 +197,15 @@ class GatewayAddon:
     # ---- requests -----------------------------------------------------------------
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
-        """A CONNECT to a host that is not an LLM host: the egress policy decides."""
+        """A CONNECT to a host that is not intercepted: the egress policy decides."""
         try:
             host, port = flow.request.host, flow.request.port
-            if self.engine().api_root_for_host(host, port) is not None:
-                return
+            if self.engine().interception.intercepts(host, port):
+                return  # each request inside is the engine's, or refused
             rejection = self.engine().egress_rejection(host, port)
             if rejection is not None:
+                log.warning("refused CONNECT %s:%d: %s", hostname(host) or "(invalid host)",
+                            port, rejection.code)
                 self._refuse(flow, rejection)
         except Exception:
             log.exception("llm-gateway: CONNECT failed; refusing the tunnel")
@@ -210,10 +215,9 @@ class GatewayAddon:
         try:
             api_root = self._api_root(flow)
             if api_root is None:
-                # Plain HTTP to another host (TLS to one is never intercepted).
-                rejection = self.engine().egress_rejection(flow.request.host, flow.request.port)
-                if rejection is not None:
-                    self._refuse(flow, rejection)
+                # A known host no provider serves, or plain HTTP to another host (TLS to
+                # one is never intercepted).
+                self._refuse_unserved(flow)
                 return
             flow.metadata[_STATE_KEY] = _LlmFlow(api_root)
             # Buffered, whatever stream_large_bodies says: no byte goes upstream before
@@ -237,7 +241,8 @@ class GatewayAddon:
                 # not pass requestheaders must not go on unchanged.
                 api_root = self._api_root(flow)
                 if api_root is None:
-                    return  # another host
+                    self._refuse_unserved(flow)
+                    return  # refused, or another host's
                 state = flow.metadata[_STATE_KEY] = _LlmFlow(api_root)
             await self._admit(flow, state)
         except Exception:
@@ -251,15 +256,38 @@ class GatewayAddon:
                 state.relay_token = None
             _answer_failure(flow)
 
-    def _refuse(self, flow: http.HTTPFlow, rejection: Rejection) -> None:
+    def _refuse_unserved(self, flow: http.HTTPFlow) -> None:
+        """A request to a host no provider serves: a known LLM host's is refused in its
+        clients' shape; another host's is the egress policy's (through, or refused)."""
+        request = flow.request
+        interception = self.engine().interception
+        known = interception.unserved_known_host(request.host, request.port)
+        if known is None:
+            rejection = interception.egress_rejection(request.host, request.port)
+            if rejection is not None:
+                self._refuse(flow, rejection)
+            return
+        rejection = not_configured(known, request.host)
+        # The host matched the list, so it is a plain host name; the method is checked.
+        log.warning("refused %s %s:%d: provider_not_configured (%s: no provider serves it)",
+                    request.method if request.method.isalpha() else "request",
+                    request.host.lower().rstrip("."), request.port, known.provider)
+        self._refuse(flow, rejection, keep_shape=True)
+
+    def _refuse(self, flow: http.HTTPFlow, rejection: Rejection, *,
+                keep_shape: bool = False) -> None:
         """Turned away before admission, through the engine: the answer carries the
-        request and trace ids, and the refusal has its span, metric and log line."""
+        request and trace ids, and the refusal has its span, metric and log line.
+        ``keep_shape``: written as ``rejection`` is, not in the path's protocol's shape."""
         request = flow.request
         path, _, query = request.path.partition("?")
-        _answer(flow, self.engine().refuse(IncomingRequest(
+        answer = self.engine().refuse(IncomingRequest(
             method=request.method, path=path,
             headers=[(name.lower(), value) for name, value in request.headers.items(multi=True)],
-            body=b"", adapter=ADAPTER_NAME, query=query), rejection))
+            body=b"", adapter=ADAPTER_NAME, query=query), rejection)
+        if keep_shape:
+            answer.shape = rejection.shape
+        _answer(flow, answer)
 
     async def _admit(self, flow: http.HTTPFlow, state: _LlmFlow) -> None:
         request = flow.request
@@ -444,8 +472,3 @@ def _client_gone(flow: http.HTTPFlow) -> bool:
 
 def _is_reverse(flow: http.HTTPFlow) -> bool:
     return isinstance(flow.client_conn.proxy_mode, ReverseMode)
-
-
-def _has_port(host: str) -> bool:
-    name, sep, port = host.rpartition(":")
-    return bool(sep and name and port.isdigit())

@@ -14,7 +14,9 @@
 - **Interception follows the CONNECT target, never the SNI**: mitmproxy's ``allow_hosts``
   intercepts a tunnel when *any* of its names matches, the SNI and the Host header included,
   so ``CONNECT evil.example:443`` with SNI ``api.venice.ai`` would have its TLS intercepted.
-  Here a tunnel to a host that is not an LLM host is always passed through untouched.
+  Here a tunnel to a host the sidecar does not intercept (neither an LLM host nor a known
+  one no provider serves) is always passed through untouched, counted and logged
+  (``mitm_tunnels``).
 - **Body size**: a request body over ``REQUEST_BODY_LIMIT_BYTES`` is refused (413, the
   engine's answer) as soon as its declared length says so, or its bytes pass the limit,
   and the connection closed: mitmproxy would otherwise buffer the whole body first.
@@ -35,7 +37,7 @@ from mitmproxy import ctx
 from mitmproxy.connection import Client
 from mitmproxy.net.tls import starts_like_tls_record
 from mitmproxy.proxy import commands, events, layer
-from mitmproxy.proxy.layers import ClientTLSLayer, HttpLayer, TCPLayer
+from mitmproxy.proxy.layers import ClientTLSLayer, HttpLayer
 from mitmproxy.proxy.layers.http import Http1Server
 from mitmproxy.proxy.layers.tls import parse_client_hello
 from mitmproxy.proxy.mode_specs import RegularMode
@@ -47,6 +49,7 @@ from llm_gateway.adapters.connection_limits import (
     Wait,
     answer_bytes,
 )
+from llm_gateway.adapters.mitm_tunnels import CountedTunnelLayer, Tunnel, Tunnels
 from llm_gateway.engine import Gateway
 from llm_gateway.errors import Rejection
 
@@ -62,6 +65,7 @@ class ConnectionGuard:
         self._gateway = gateway
         self._limits = ConnectionLimits.from_settings(gateway.settings)
         self._watched: dict[str, _Watched] = {}  # client connection id -> its watch
+        self._tunnels = Tunnels.of(gateway.telemetry.registry)
 
     def configure(self, updated: set[str]) -> None:
         if ctx.options.http2:
@@ -81,6 +85,8 @@ class ConnectionGuard:
         watched = self._watched.pop(client.id, None)
         if watched is not None:
             watched.watch.close()
+            if watched.tunnel is not None:
+                self._tunnels.closed(watched.tunnel)
 
     def next_layer(self, nextlayer: layer.NextLayer) -> None:
         context = nextlayer.context
@@ -89,7 +95,9 @@ class ConnectionGuard:
             return
         if self._is_foreign_tunnel(nextlayer):
             # Whatever the SNI or Host header says: untouched, the origin's certificate.
-            nextlayer.layer = TCPLayer(context, ignore=True)
+            host, port = context.server.address[:2]
+            watched.tunnel = watched.tunnel or self._tunnels.opened(host, port)
+            nextlayer.layer = CountedTunnelLayer(context, watched.tunnel)
             watched.watch.close()
             return
         chosen = nextlayer.layer
@@ -105,14 +113,15 @@ class ConnectionGuard:
             http_layer.connections[context.client] = server
 
     def _is_foreign_tunnel(self, nextlayer: layer.NextLayer) -> bool:
-        """What a regular-mode CONNECT tunnel carries, to a host that is no LLM host."""
+        """What a regular-mode CONNECT tunnel carries, to a host that is not intercepted
+        (an LLM host, or a known one no provider serves)."""
         context = nextlayer.context
         if not isinstance(context.client.proxy_mode, RegularMode):
             return False
         if context.server.address is None:
             return False  # the proxy's own HTTP layer, before any CONNECT
         host, port = context.server.address[:2]
-        return self._gateway.api_root_for_host(host, port) is None
+        return not self._gateway.interception.intercepts(host, port)
 
 
 class _Watched:
@@ -127,6 +136,7 @@ class _Watched:
         self.body_limit = body_limit
         self.body_too_large = body_too_large
         self.watch = ConnectionWatch(limits, loop, self._expired)
+        self.tunnel: Tunnel | None = None  # once it is a tunnel to another host
 
     def _expired(self, wait: Wait, request: object | None) -> None:
         # A request with a late head or body has had nothing sent for it yet (mitmproxy

@@ -172,6 +172,7 @@ class Sidecar:
             self.started.set()
             log.info("llm-gateway sidecar (%s mode): proxy %s, admin %s",
                      self.mode, self.proxy_address, self.admin_address)
+            log.info("intercepted hosts: %s", self.gateway.interception.described())
             await runner
         finally:
             await self._admin_server.close()
