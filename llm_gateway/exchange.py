@@ -30,7 +30,7 @@ from llm_gateway.providers import Profile, profile_named
 from llm_gateway.routing.router import Plan
 from llm_gateway.routing.table import ProviderConfig, Target
 from llm_gateway.telemetry.tracing import Trace
-from llm_gateway.tokens import estimate_chars
+from llm_gateway.tokens import OUTPUT_OVER_CAP, estimate_chars, far_over_cap
 from llm_gateway.version import VERSION
 
 # Which account the server-held key bills (an OpenAI key may belong to several
@@ -137,6 +137,19 @@ class Exchange:
             self._prompt_estimate = (self.protocol.prompt_tokens(self.payload)
                                      if self.payload else 0)
         return self._prompt_estimate
+
+    @property
+    def output_cap(self) -> int | None:
+        """The output the answer may have, its choices together: the cap as sent (the
+        budget's where it clamped or added one); None: none. A stream is ended past it,
+        a whole answer far above it flagged (tokens.py)."""
+        cap = self.protocol.output_cap(self.payload) if self.payload else None
+        return cap * self.protocol.choices(self.payload) if cap and self.payload else None
+
+    @property
+    def cut_at_cap(self) -> bool:
+        """The relay ended the stream past its output cap."""
+        return self.is_sse and self.error_code == OUTPUT_OVER_CAP
 
     @property
     def protocol_name(self) -> str:
@@ -426,6 +439,11 @@ class Exchange:
         if (facts := self.observe_body()) is not None:
             self._apply_facts(record, facts)
         self._estimate_usage(record)
+        if self.cut_at_cap:
+            record.tokens_estimated = True  # the usage the gateway ended it with: its count
+        elif (self.output_cap and not self.is_sse and record.error_code is None
+              and far_over_cap(self.output_cap, record.completion_tokens)):
+            record.error_code = OUTPUT_OVER_CAP
         return record
 
     def _apply_facts(self, record: UsageRecord, facts: ResponseFacts) -> None:

@@ -9,7 +9,10 @@ is back-pressure with nowhere else to go: its Retry-After is waited out when sho
 a stream has started there is no retry: a failure, or a stream silent for
 ``stream_idle``, ends it with an SSE error event and ``[DONE]``; so does a body that ends
 before its protocol's end event, whatever framed it (a close-delimited body's cut looks
-like its end on the wire).
+like its end on the wire). A stream whose upstream ignores the request's output cap is
+ended by the gateway just past it (``tokens.stream_output_ceiling``: the output is counted
+as it is relayed), the protocol's way: a ``length`` finish with the usage counted, then the
+end event (``cap_end`` of the target's protocol), recorded ``output_over_cap``.
 
 A provider's ``limits`` are provider-wide windows of 60 s, counted by the rate limiter
 (shared like the keys' limits): ``requests_per_minute`` counts each attempt;
@@ -23,6 +26,8 @@ import asyncio
 import contextlib
 import math
 import random
+import sys
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 
 from llm_gateway import errors
@@ -41,6 +46,12 @@ from llm_gateway.routing.health import Outcome, State
 from llm_gateway.routing.router import Router
 from llm_gateway.routing.table import ProviderConfig, Target
 from llm_gateway.sse import FrameSplitter, FrameTooLarge
+from llm_gateway.tokens import (
+    CHARS_PER_TOKEN,
+    OUTPUT_OVER_CAP,
+    estimate_chars,
+    stream_output_ceiling,
+)
 
 _STREAM_BROKE_OFF = "The upstream provider's stream broke off before it was complete."
 _BUDGET_SPENT = ("The budget of this key (or its subject) is spent: the stream was stopped "
@@ -274,14 +285,17 @@ class Relay:
     async def _stream(self, exchange: Exchange, response: UpstreamResponse,
                       leave: Callable[[], None]) -> AsyncIterator[bytes]:
         frames = FrameSplitter(self.max_event_bytes)
+        # Characters of output past which the gateway ends the stream at its cap.
+        ceiling = (stream_output_ceiling(exchange.output_cap) * CHARS_PER_TOKEN
+                   if exchange.output_cap else sys.maxsize)
         try:
             async for chunk in response.chunks():
-                kept = [out for frame in frames.feed(chunk)
-                        if (out := exchange.on_frame(frame)) is not None]
-                if kept:
-                    out = b"".join(kept) if len(kept) > 1 else kept[0]
+                if out := _relayed(exchange, frames.feed(chunk), ceiling):
                     exchange.response_bytes += len(out)
                     yield out
+                if exchange.cut_at_cap:  # the upstream is closed (finally), its use counted
+                    await self._count_tokens_used(exchange)
+                    return
                 if exchange.past_spend_ceiling():
                     exchange.fail(200, "insufficient_quota", _BUDGET_SPENT)
                     exchange.ending = True
@@ -306,6 +320,40 @@ class Relay:
         finally:
             response.close()
             leave()
+
+
+def _relayed(exchange: Exchange, frames: list[bytes], ceiling: int) -> bytes:
+    """What the client gets of these whole frames; once the output relayed passes
+    ``ceiling`` characters, the gateway's end at the cap instead of the rest."""
+    facts = exchange.facts
+    assert facts is not None  # a stream's observer
+    kept = []
+    for frame in frames:
+        if (out := exchange.on_frame(frame)) is not None:
+            kept.append(out)
+        if facts.text_chars > ceiling and not facts.done:
+            kept.append(_end_at_cap(exchange))
+            break
+    return kept[0] if len(kept) == 1 else b"".join(kept)
+
+
+def _end_at_cap(exchange: Exchange) -> bytes:
+    """The stream's end at its output cap, the gateway's own, for an upstream that did not
+    stop there: written in the target's protocol (``cap_end``) and fed through the exchange
+    as the upstream's frames are, so that a translated stream ends in the caller's, and the
+    record and the budget read the usage counted (never less than was relayed)."""
+    facts = exchange.facts
+    assert facts is not None and exchange.output_cap is not None
+    output = max(estimate_chars(facts.text_chars),
+                 facts.usage.completion_tokens if facts.usage is not None else 0)
+    exchange.fail(200, OUTPUT_OVER_CAP,
+                  f"The upstream provider sent more than the request's output cap "
+                  f"({exchange.output_cap} tokens): the gateway ended the stream there.")
+    exchange.ending = True
+    choices = exchange.protocol.choices(exchange.payload) if exchange.payload else 1
+    frames = exchange.crossing.wire.cap_end(facts, exchange.prompt_estimate, output, choices,
+                                            time.time())
+    return b"".join([out for frame in frames if (out := exchange.on_frame(frame)) is not None])
 
 
 def _cut_short(exchange: Exchange) -> bool:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from llm_gateway import caller_text, errors
+from llm_gateway import caller_text, errors, jsonio
 from llm_gateway.errors import ErrorShape, Rejection, openai_error
 from llm_gateway.http_types import IncomingRequest
 from llm_gateway.observe import ResponseFacts, StreamObserver, read_openai
@@ -68,6 +68,14 @@ def check_user(name: str, user: object) -> Rejection | None:
         return errors.invalid_request_body(f"'{name}' must be a string when present.")
     problem = caller_text.refusal(name, user, caller_text.USER_CHARS) if user else None
     return errors.invalid_request_body(problem) if problem else None
+
+
+def data_frame(payload: dict) -> bytes:
+    return b"data: " + jsonio.dumps(payload) + b"\n\n"
+
+
+def event_frame(event: str, payload: dict) -> bytes:
+    return b"event: " + event.encode() + b"\ndata: " + jsonio.dumps(payload) + b"\n\n"
 
 
 class OpenAICompatible:
@@ -186,6 +194,24 @@ class OpenAICompatible:
         kind = errors.CATALOGUE[code]
         return (b"data: " + self.error_shape(kind.status, kind.type, code, message)
                 + b"\n\ndata: [DONE]\n\n")
+
+    def cap_end(self, facts: ResponseFacts, prompt_tokens: int, output_tokens: int,
+                choices: int, now: float) -> list[bytes]:
+        """The frames that end a stream at its output cap, as a provider of this protocol
+        ends one that reached it: for the gateway to send when the upstream did not stop
+        (``facts``: what the stream said so far; the tokens: what the gateway counted).
+        Written in the wire protocol and relayed as the upstream's frames are, so that a
+        translated stream ends in the caller's. Chat's: each choice's ``length`` finish,
+        the usage chunk, ``[DONE]``."""
+        head = {"id": facts.response_id or "", "object": "chat.completion.chunk",
+                "created": int(now), "model": facts.model or ""}
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": output_tokens,
+                 "total_tokens": prompt_tokens + output_tokens}
+        finishes = [{**head, "choices": [{"index": index, "delta": {},
+                                          "finish_reason": "length"}]}
+                    for index in range(choices)]
+        return [*(data_frame(chunk) for chunk in finishes),
+                data_frame({**head, "choices": [], "usage": usage}), b"data: [DONE]\n\n"]
 
     def credential(self, request: IncomingRequest) -> str | None:
         """The gateway key, as an Authorization value: ``Authorization: Bearer`` (OpenAI's

@@ -7,7 +7,7 @@ and that its streams end with a chunk that has a finish reason, not ``[DONE]``."
 from __future__ import annotations
 
 from llm_gateway.observe import ResponseFacts, StreamObserver
-from llm_gateway.protocols.base import OpenAICompatible
+from llm_gateway.protocols.base import OpenAICompatible, data_frame
 from llm_gateway.providers import Profile
 from llm_gateway.providers.gemini import read_gemini
 
@@ -21,6 +21,17 @@ class Gemini(OpenAICompatible):
 
     def stream_observer(self, profile: Profile) -> StreamObserver:
         return StreamObserver(profile, read_gemini)
+
+    def cap_end(self, facts: ResponseFacts, prompt_tokens: int, output_tokens: int,
+                choices: int, now: float) -> list[bytes]:
+        """A last chunk: ``MAX_TOKENS``, with the usage counted (no ``[DONE]`` here)."""
+        return [data_frame({
+            "candidates": [{"content": {"role": "model", "parts": []},
+                            "finishReason": "MAX_TOKENS", "index": 0}],
+            "usageMetadata": {"promptTokenCount": prompt_tokens,
+                              "candidatesTokenCount": output_tokens,
+                              "totalTokenCount": prompt_tokens + output_tokens},
+            "modelVersion": facts.model or "", "responseId": facts.response_id or ""})]
 
 
 GEMINI = Gemini()

@@ -23,6 +23,7 @@ from llm_gateway.protocols.base import (
     check_messages,
     check_stream_and_caps,
     check_user,
+    event_frame,
 )
 from llm_gateway.providers import Profile
 from llm_gateway.providers.anthropic import anthropic_usage
@@ -94,6 +95,24 @@ class Messages(OpenAICompatible):
         text = body.decode("utf-8", "replace").strip()[:500] or f"upstream answered HTTP {status}"
         return anthropic_error(status, "", "", text)
 
+    def cap_end(self, facts: ResponseFacts, prompt_tokens: int, output_tokens: int,
+                choices: int, now: float) -> list[bytes]:
+        """The open content block's stop, ``message_delta`` (``max_tokens``, the output
+        counted; the input too unless ``message_start`` said it), ``message_stop``."""
+        frames = []
+        if isinstance(block := facts.state.get("open_block"), int):
+            frames.append(event_frame("content_block_stop",
+                                      {"type": "content_block_stop", "index": block}))
+        usage = {"output_tokens": output_tokens}
+        merged = facts.state.get("usage")
+        if not (isinstance(merged, dict) and "input_tokens" in merged):
+            usage["input_tokens"] = prompt_tokens
+        frames.append(event_frame("message_delta", {
+            "type": "message_delta", "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
+            "usage": usage}))
+        frames.append(event_frame("message_stop", {"type": "message_stop"}))
+        return frames
+
     def stream_error(self, code: str, message: str, facts: ResponseFacts | None = None) -> bytes:
         kind = errors.CATALOGUE[code]
         return b"event: error\ndata: " + anthropic_error(kind.status, kind.type, code,
@@ -151,6 +170,10 @@ def read_message(facts: ResponseFacts, payload: dict) -> None:
         delta = payload.get("delta")
         _stop(facts, delta.get("stop_reason") if isinstance(delta, dict) else None)
         _merge_usage(facts, payload.get("usage"))
+    elif kind == "content_block_start" and isinstance(payload.get("index"), int):
+        facts.state["open_block"] = payload["index"]  # what an end at the cap must close
+    elif kind == "content_block_stop":
+        facts.state.pop("open_block", None)
     elif kind == "message_stop":
         facts.done = True
 

@@ -16,7 +16,12 @@ import json
 from llm_gateway import caller_text, errors
 from llm_gateway.errors import Rejection
 from llm_gateway.observe import ResponseFacts, StreamObserver
-from llm_gateway.protocols.base import OpenAICompatible, check_stream_and_caps, check_user
+from llm_gateway.protocols.base import (
+    OpenAICompatible,
+    check_stream_and_caps,
+    check_user,
+    event_frame,
+)
 from llm_gateway.providers import Profile
 from llm_gateway.tokens import TOKENS_PER_MESSAGE, estimate_text
 
@@ -77,6 +82,23 @@ class Responses(OpenAICompatible):
 
     def stream_observer(self, profile: Profile) -> StreamObserver:
         return StreamObserver(profile, read_response)
+
+    def cap_end(self, facts: ResponseFacts, prompt_tokens: int, output_tokens: int,
+                choices: int, now: float) -> list[bytes]:
+        """``response.incomplete`` (reason ``max_output_tokens``) with the usage counted.
+        Its ``output`` is empty: the items streamed so far are not kept to repeat them."""
+        last = facts.state.get("sequence")
+        response = {
+            "id": facts.response_id or "", "object": "response", "created_at": int(now),
+            "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"},
+            "model": facts.model or "", "output": [], "error": None,
+            "usage": {"input_tokens": prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+                      "output_tokens": output_tokens,
+                      "output_tokens_details": {"reasoning_tokens": 0},
+                      "total_tokens": prompt_tokens + output_tokens}}
+        return [event_frame("response.incomplete", {
+            "type": "response.incomplete", "response": response,
+            "sequence_number": last + 1 if isinstance(last, int) else 0})]
 
     def stream_error(self, code: str, message: str, facts: ResponseFacts | None = None) -> bytes:
         last = facts.state.get("sequence") if facts is not None else None

@@ -28,6 +28,7 @@ from llm_gateway.billing.records import UsageRecord
 from llm_gateway.errors import Rejection
 from llm_gateway.keys import KeyRecord
 from llm_gateway.telemetry.genai import protocol_label
+from llm_gateway.tokens import OUTPUT_OVER_CAP
 
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
                     40.96, 81.92)
@@ -107,6 +108,10 @@ class GatewayMetrics:
         self.upstream_failures = Counter(
             "llm_gateway_upstream_failures", "Failed attempts at a provider, by kind",
             ["provider", "kind"], registry=registry)
+        self.output_over_cap = Counter(
+            "llm_gateway_output_over_cap", "Answers past the request's output cap (error "
+            "code output_over_cap): streams the gateway ended there, whole answers far above",
+            ["provider"], registry=registry)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     def finished(self, record: UsageRecord, key: KeyRecord) -> str:
@@ -121,6 +126,8 @@ class GatewayMetrics:
         child(self.requests, (*who, *where, str(record.status),
                               record.error_code or "")).inc()
         child(self.duration, where).observe(record.duration_ms / 1000)
+        if record.error_code == OUTPUT_OVER_CAP:
+            child(self.output_over_cap, (provider,)).inc()
         for kind, field in TOKEN_TYPES:
             if count := getattr(record, field):
                 child(self.tokens, (*who, *where, kind)).inc(count)

@@ -35,7 +35,12 @@ from llm_gateway.testing.fake_exchange import (
     send_fault_status,
     send_json,
 )
-from llm_gateway.testing.fake_faults import Fault, FaultQueue, hide_deliberate_cut_tracebacks
+from llm_gateway.testing.fake_faults import (
+    Fault,
+    FaultQueue,
+    hide_deliberate_cut_tracebacks,
+    uncapped,
+)
 from llm_gateway.testing.fake_ledger import ServedLedger
 from llm_gateway.testing.fake_responses_store import ResponseStore
 
@@ -189,6 +194,8 @@ class FakeUpstream:
         if api_key is None:
             return
         fault = self._faults.take(path) if self._faults else None
+        if fault is not None and fault.ignore_output_cap:
+            body_json = uncapped(body_json, self.usage_mode)
         endpoint = path[len(self.api_prefix) :]
         watch = (self.ledger.watch(send)
                  if self._keeps_ledger and self.ledger.bills(method, endpoint) else None)

@@ -91,19 +91,22 @@ async def chat_completions(
         usage["completion_tokens_details"] = {
             "reasoning_tokens": plan.fitted.thinking_tokens * choices}
 
+    silent = fault is not None and fault.omit_usage  # a server that counts nothing
     if request.get("stream") is not True:
         if await waited_as_generating(exchange, chunk_delay, plan.paced_count):
             choices_made = [{"index": index, "message": plan.message(index), "logprobs": None,
                              "finish_reason": plan.finish_reason} for index in range(choices)]
-            await exchange.send_success({**reply.completion(usage), "choices": choices_made},
-                                        fault)
+            answer = {**reply.completion(usage), "choices": choices_made}
+            if silent:
+                del answer["usage"]
+            await exchange.send_success(answer, fault)
         return
 
     # Venice always ends a stream with usage; OpenAI only when the request asked for it.
     stream_options = request.get("stream_options")
-    include_usage = venice or (
+    include_usage = not silent and (venice or (
         isinstance(stream_options, dict) and stream_options.get("include_usage") is True
-    )
+    ))
     await _stream_completion(exchange, fault, reply, plan, chunk_delay,
                              usage if include_usage else None)
 

@@ -24,6 +24,9 @@ class Fault:
     Anthropic error body or a failed response object, each with status 200. An
     Anthropic-shaped 429 carries ``retry-after`` (``retry_after``, else 30 s) and the
     ``anthropic-ratelimit-*`` headers, as Anthropic's do.
+
+    ``ignore_output_cap`` and ``omit_usage`` make a server that overspends: the whole reply
+    whatever cap was asked (x-fake-chunks long), and no count of it.
     """
 
     status: int | None = None  # answer with this HTTP status instead of success
@@ -43,6 +46,14 @@ class Fault:
     cut_after_chunks: int | None = None  # stream: send this many content chunks, then drop
     malformed_frame: bool = False  # stream: insert a `data: {not json` frame mid-stream
     inband_error: str | None = None  # stream: 200, then `data: {"error": text}`, then [DONE]
+    # A server that ignores the request's output cap (max_tokens, max_completion_tokens,
+    # max_output_tokens, maxOutputTokens): the reply is generated whole, as if none was
+    # asked (the request as recorded still shows the cap it carried).
+    ignore_output_cap: bool = False
+    # A server that reports no usage (self-hosted OpenAI-compatible ones, without
+    # stream_options): chat completions' JSON answer has no ``usage``, its stream no usage
+    # chunk. Chat only: Anthropic's and the Responses API's usage fields are required.
+    omit_usage: bool = False
     path: str | None = None  # only requests whose path ends with this; None = any
     times: int = 1
 
@@ -68,6 +79,28 @@ class Fault:
         if self.retry_after is not None:
             sent.append(("retry-after", self.retry_after))
         return sent + custom
+
+
+# Where a request names its output cap: chat's, the Responses API's, Gemini's config's.
+_CAP_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+_GEMINI_CAP_FIELDS = ("maxOutputTokens", "max_output_tokens")
+# What Anthropic's required max_tokens reads as to a server that ignores it.
+_NO_CAP = 1 << 30
+
+
+def uncapped(payload: object, provider: str) -> object:
+    """The request as a server that ignores its output cap reads it
+    (``Fault.ignore_output_cap``)."""
+    if not isinstance(payload, dict):
+        return payload
+    read = {name: value for name, value in payload.items() if name not in _CAP_FIELDS}
+    if provider == "anthropic" and "max_tokens" in payload:
+        read["max_tokens"] = _NO_CAP  # required there: as good as none
+    config = payload.get("generationConfig")
+    if isinstance(config, dict):
+        read["generationConfig"] = {name: value for name, value in config.items()
+                                    if name not in _GEMINI_CAP_FIELDS}
+    return read
 
 
 class DeliberateConnectionCut(Exception):
