@@ -309,3 +309,21 @@ def test_a_request_asking_to_upgrade_is_answered_plainly_and_the_connection_clos
         assert (status, headers.get("connection"), json.loads(body)) == (
             200, "close", {"status": "ok"})
         assert closed(sock)
+
+
+def test_a_malformed_request_after_good_ones_is_refused_after_their_answers(
+        gw: RunningGateway) -> None:
+    """In one write: two requests, then bytes that are not HTTP/1.1. Both are answered, in
+    order, then the 400, then the close (found by tests/test_http_fuzz.py: the 400 went out
+    in place of the first answer, still being admitted, or that answer was lost)."""
+    key = gw.key()
+    body = json.dumps(CHAT).encode()
+    with socket.create_connection(address(gw)) as sock:
+        sock.sendall(post(key, body) + b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n"
+                     + b"GET /healthz HTTP/1.1\r\nHost: gw\r\nbad header\r\n\r\n")
+        answers = read_answers(sock, 3)
+        assert closed(sock)
+    assert [status for status, _, _ in answers] == [200, 200, 400]
+    assert json.loads(answers[0][2])["object"] == "chat.completion"
+    assert json.loads(answers[2][2])["error"]["code"] == "malformed_http"
+    assert answers[2][1]["connection"] == "close"

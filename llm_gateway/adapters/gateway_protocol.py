@@ -88,6 +88,28 @@ class _Request:
     awaits_continue: bool = False
 
 
+def _unreadable(version: str, headers: Headers, upgrade: bool) -> bool:
+    """What llhttp reads but is no HTTP/1.x request the gateway may read (h11 refuses the
+    first three): an HTTP/0.9 or 2.0 request line; Host missing (HTTP/1.1) or twice, which
+    RFC 9112 §3.2 answers with a 400; a transfer coding besides chunked (llhttp takes "gzip,
+    chunked"), which the gateway would not decode (RFC 9112 §6.1); a body on a request
+    asking to upgrade (llhttp leaves what follows its head to the new protocol, and the
+    gateway upgrades to nothing: the body would be lost)."""
+    if version not in ("1.1", "1.0"):
+        return True
+    hosts, body = 0, False
+    for name, value in headers:
+        if name == "host":
+            hosts += 1
+        elif name == "transfer-encoding":
+            if value.lower() != "chunked":
+                return True
+            body = True
+        elif name == "content-length":
+            body = body or value.lstrip("0") != ""
+    return hosts > 1 or (hosts == 0 and version == "1.1") or (upgrade and body)
+
+
 class GatewayHttpProtocol(BoundedHead, asyncio.Protocol):
     """One client connection (``server_options`` makes the subclass carrying the
     gateway's middleware and the connection limits)."""
@@ -115,6 +137,10 @@ class GatewayHttpProtocol(BoundedHead, asyncio.Protocol):
         self._task: asyncio.Task[None] | None = None
         self._waiting: collections.deque[_Request] = collections.deque()  # pipelined
         self._closing = False  # graceful shutdown: close once the answer is complete
+        # What followed the requests being answered was not HTTP/1.1: their answers go
+        # first, then the connection closes (after a 400 when the request at fault is owed one).
+        self._malformed = False
+        self._refusal_owed = False
         self._gone = False  # the client left before its answer was complete
         self._relaying = False  # a disconnect may cancel the answer now (an exchange owns it)
         self._drained: asyncio.Future[None] | None = None  # set while writing is paused
@@ -159,6 +185,8 @@ class GatewayHttpProtocol(BoundedHead, asyncio.Protocol):
             self._closing = True
 
     def data_received(self, data: bytes) -> None:
+        if self._malformed:
+            return  # the parser has stopped
         self.watch.received()
         try:
             self._feed_bounded(data, self.parser.feed_data)
@@ -166,7 +194,21 @@ class GatewayHttpProtocol(BoundedHead, asyncio.Protocol):
             pass  # answered as a plain request: the gateway upgrades to nothing
         except httptools.HttpParserError as exc:
             log.debug("closing a connection that sent what is not HTTP/1.1: %s", exc)
-            self._reap(errors.malformed_http(), self._may_answer(None))
+            self._refuse_malformed()
+
+    def _refuse_malformed(self) -> None:
+        """A 400 for the request at fault, unless its head was answered already (a probe, a
+        404, a body too large): once every answer owed for the requests before it is out,
+        in order (in their place it would be read as theirs). Then the connection closes."""
+        reading = self._reading
+        owed = reading is None or not reading.queued
+        if self._answering is None:
+            self._reap(errors.malformed_http(), owed)
+            return
+        self._malformed, self._refusal_owed = True, owed
+        self.transport.pause_reading()
+        if reading is not None:
+            self.watch.body_complete(reading)  # no body deadline for what is not read
 
     # ---- the parser's callbacks -------------------------------------------------------
 
@@ -178,10 +220,17 @@ class GatewayHttpProtocol(BoundedHead, asyncio.Protocol):
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name.decode("latin-1").lower(), value.decode("latin-1")))
+        if self._in_body:
+            return  # a trailer field: never one of the request's headers (RFC 9110 §6.5.1)
+        # llhttp keeps the whitespace after a value, which is not part of it (RFC 9110 §5.5).
+        self._headers.append((name.decode("latin-1").lower(),
+                              value.decode("latin-1").rstrip(" \t")))
 
     def on_headers_complete(self) -> None:
         parser = self.parser
+        version, upgrade = parser.get_http_version(), parser.should_upgrade()
+        if _unreadable(version, self._headers, upgrade):  # raised here, it stops the parser
+            raise httptools.HttpParserError("not an HTTP/1.1 request the gateway reads")
         url = httptools.parse_url(self._url)
         path = url.path.decode("latin-1")
         if "%" in path:
@@ -192,8 +241,7 @@ class GatewayHttpProtocol(BoundedHead, asyncio.Protocol):
         # the parser reads nothing after it (the gateway upgrades to nothing).
         request = _Request(
             method, path, (url.query or b"").decode("latin-1"), self._headers,
-            parser.get_http_version() != "1.0" and parser.should_keep_alive()
-            and not parser.should_upgrade(), relative)
+            version != "1.0" and parser.should_keep_alive() and not upgrade, relative)
         self._reading = request
         self._header_bytes, self._in_body = 0, True
         self.watch.headers_complete(request)
@@ -268,7 +316,10 @@ class GatewayHttpProtocol(BoundedHead, asyncio.Protocol):
             return
         if self._waiting:
             self._start(self._waiting.popleft())
-        if not self._waiting:
+        elif self._malformed:
+            self._reap(errors.malformed_http(), self._refusal_owed)
+            return
+        if not self._waiting and not self._malformed:
             self.transport.resume_reading()
         reading = self._reading
         if self._answering is None and reading is not None and reading.awaits_continue:
@@ -400,7 +451,9 @@ class GatewayHttpProtocol(BoundedHead, asyncio.Protocol):
             return False
         if isinstance(request, _Request):  # late with its body: not behind another answer
             return not request.started and self._answering in (None, request)
-        return self._answering is None or not self._answering.started
+        # Not while a request before it is answered, started or not: the client would take
+        # ours for that one's.
+        return self._answering is None
 
     def _reap(self, rejection: Rejection, answer: bool) -> None:
         if answer:
