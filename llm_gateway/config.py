@@ -208,12 +208,12 @@ class Settings:
     # YAML-only: the LLM hosts the sidecar intercepts ("host" or "host:port") with their
     # API root path; every other host is the egress policy's.
     llm_hosts: tuple[tuple[str, str], ...] = DEFAULT_LLM_HOSTS
-    # The file the settings came from (reloaded for routes), and its route sections as
-    # written (llm_gateway.routing reads them).
-    config_file: str | None = None
     # YAML-only: changes to the packaged list of known LLM hosts (known_hosts.py), which
     # the sidecar intercepts, and refuses when no provider serves them.
     known_llm_hosts: KnownHostsChange = field(default_factory=KnownHostsChange)
+    # The file the settings came from (reloaded for routes), and its route sections as
+    # written (llm_gateway.routing reads them).
+    config_file: str | None = None
     routes: Mapping[str, Any] = field(default_factory=dict)
     # The environment loaded from (providers' `api_key_env` keys are read from it; None:
     # os.environ). Never printed: it holds keys.
@@ -491,11 +491,11 @@ def _alerts_as_written(raw: Any) -> Any:
 
 
 _accepts("HOST:PORT")(parse_host_port)
+_accepts("mapping: extra (host pattern: {provider, protocol}), remove (host patterns)")(
+    parse_change)
 
 
 @dataclass(frozen=True, slots=True)
-_accepts("mapping: extra (host pattern: {provider, protocol}), remove (host patterns)")(
-    parse_change)
 class Variable:
     """One setting: its variable (the YAML key is the same name in lower case), the
     Settings field it fills, its parser and what it means. ``blank_is_unset``: an empty
@@ -618,6 +618,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("LLM_HOSTS", "llm_hosts", _llm_hosts, file_only=True,
              meaning="the hosts the sidecar intercepts, each with its API root path; the host of"
              " `VENICE_BASE_URL` and of every provider is added"),
+    Variable("KNOWN_LLM_HOSTS", "known_llm_hosts", parse_change, file_only=True,
+             meaning="changes to the packaged list of known LLM hosts (OpenAI, Anthropic, Google,"
+             " Azure OpenAI, Bedrock, Mistral...), which the sidecar never tunnels: governed when a"
+             " provider's base URL is on the host, else refused 403 `provider_not_configured`;"
+             " `extra` adds or replaces entries, `remove` drops packaged ones"),
     Variable("PRICES", "prices", _as_written, file_only=True,
              meaning="a seed for the price table, read at start-up; a price set in the database"
              " for the same provider, model and start wins"),
@@ -625,11 +630,6 @@ VARIABLES: tuple[Variable, ...] = (
              meaning="budget alerts: each budget's thresholds reached (once per window and"
              " threshold, across replicas) are a `budget_alert` log event, a metric, and a"
              " signed POST to each webhook"),
-    Variable("KNOWN_LLM_HOSTS", "known_llm_hosts", parse_change, file_only=True,
-             meaning="changes to the packaged list of known LLM hosts (OpenAI, Anthropic, Google,"
-             " Azure OpenAI, Bedrock, Mistral...), which the sidecar never tunnels: governed when a"
-             " provider's base URL is on the host, else refused 403 `provider_not_configured`;"
-             " `extra` adds or replaces entries, `remove` drops packaged ones"),
     # admin plane
     Variable("ADMIN_BIND_ADDR", "admin_bind", _optional_host_port,
              meaning="the admin API, the console and the probes, started by `serve`; `off`: not"
