@@ -42,6 +42,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from llm_gateway.buckets import refill
+
 # A process not heard of for this long is dead: its reservations are released.
 ORPHAN_SECONDS = 30.0
 # A tombstone outlives the longest window (a month): a settlement later than that books
@@ -182,7 +184,7 @@ class LedgerState(Protocol):
 def bucket_level(draw: Draw, state: tuple[float, float] | None, now: float) -> float:
     """A bucket's level now: refilled at ``capacity`` per 60 s since it was written."""
     level, at = state if state is not None else (float(draw.capacity), now)
-    return min(float(draw.capacity), level + (now - at) * draw.capacity / 60.0)
+    return refill(level, at, now, float(draw.capacity), draw.capacity / 60.0)
 
 
 def reserve_in(state: LedgerState, holds: list[Hold], draws: list[Draw],
