@@ -87,6 +87,9 @@ class KeyRecord:
     rate_limit_requests: int = DEFAULT_RATE_LIMIT[0]
     rate_limit_window_seconds: int = DEFAULT_RATE_LIMIT[1]
     allowed_models: tuple[str, ...] = field(default_factory=tuple)
+    # The token bucket's capacity under RATE_LIMIT_ALGORITHM=token-bucket (llm_gateway.
+    # limits): None, the limit itself. A smaller burst spreads the limit more evenly.
+    rate_limit_burst: int | None = None
 
     def refusal(self, now: float) -> str | None:
         """Why this key may not be used now, or None when it may."""
@@ -129,6 +132,7 @@ def new_key_record(
     rate_limit_window_seconds: int = DEFAULT_RATE_LIMIT[1],
     allowed_models: tuple[str, ...] = (),
     expires_at: float | None = None,
+    rate_limit_burst: int | None = None,
 ) -> tuple[KeyRecord, str]:
     """A fresh record and the plaintext key, which exists only in the caller's hands."""
     plaintext = generate_key()
@@ -143,6 +147,7 @@ def new_key_record(
         rate_limit_requests=rate_limit_requests,
         rate_limit_window_seconds=rate_limit_window_seconds,
         allowed_models=allowed_models,
+        rate_limit_burst=rate_limit_burst,
     )
     return record, plaintext
 

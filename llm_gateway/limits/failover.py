@@ -57,15 +57,16 @@ class FailoverRateLimiter:
     def backend(self) -> str:
         return self.shared.backend
 
-    async def take(self, key_id: str, limit: int, window_seconds: int,
-                   cost: int = 1, guard: Guard | None = None) -> LimitDecision:
+    async def take(self, key_id: str, limit: int, window_seconds: int, cost: int = 1,
+                   guard: Guard | None = None, burst: int | None = None) -> LimitDecision:
         now = self._clock()
         if not self.outage.is_down or now >= self._next_try:
             # Claim the retry before awaiting: concurrent requests must not pile onto a
             # backend that is down (each would wait out its timeout).
             self._next_try = now + self._retry_interval
             try:
-                decision = await self.shared.take(key_id, limit, window_seconds, cost, guard)
+                decision = await self.shared.take(key_id, limit, window_seconds, cost, guard,
+                                                  burst)
             except LimiterUnavailable as exc:
                 self.outage.failed(exc.__cause__ or exc)
             else:
@@ -75,7 +76,7 @@ class FailoverRateLimiter:
         if self.policy is FailurePolicy.FAIL_CLOSED:
             raise LimiterUnavailable(self.backend)
         self.outage.substituted()
-        return await self.fallback.take(key_id, limit, window_seconds, cost, guard)
+        return await self.fallback.take(key_id, limit, window_seconds, cost, guard, burst)
 
     async def check(self) -> bool:
         """Ask the backend directly (for /readyz); True when it answers."""

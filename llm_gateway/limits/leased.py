@@ -8,6 +8,11 @@ start failing is held to it at once, counting a failure against a guard ends the
 it guards: the key's next request is the backend's again. A guard's own window is never
 leased (the backend must see every failure to read it). Failures on other replicas are
 seen by this one at its next lease, within a lease period.
+
+A lease on a token bucket is tokens taken from it at once; what a lease did not use goes
+back into the bucket (up to its burst). A bucket has no window to end with: its leases
+last their period. So its requests admitted over any span stay within the bucket's
+burst plus its refill, leases or not: a lease takes its tokens before they are spent.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from llm_gateway.buckets import seconds_until
 from llm_gateway.leases import DEFAULT_LEASE_SECONDS, Lease, LeaseKeeper
-from llm_gateway.limits import Guard, LeasingLimiter, LimitDecision, bucket_name
+from llm_gateway.limits import Guard, LeasingLimiter, LimitDecision, bucket_name, bucket_rate
 
 log = logging.getLogger("llm_gateway.limits")
 
@@ -26,7 +32,8 @@ log = logging.getLogger("llm_gateway.limits")
 @dataclass(frozen=True, slots=True)
 class _Window:
     """What a rate-limit lease was granted on: the limit, its guard, and its window (the
-    backend's start, and its end on this process's monotonic clock)."""
+    backend's start, and its end on this process's monotonic clock); a bucket's burst
+    (then no start, and no end)."""
 
     key_id: str
     limit: int
@@ -34,6 +41,7 @@ class _Window:
     guard: Guard | None
     start: float
     end: float
+    burst: int | None = None
 
 
 class LeasedRateLimiter:
@@ -50,21 +58,21 @@ class LeasedRateLimiter:
         # The windows guards read, and per guard the names of the leases it guards.
         self._guards: dict[str, set[str]] = {}
 
-    async def take(self, key_id: str, limit: int, window_seconds: int,
-                   cost: int = 1, guard: Guard | None = None) -> LimitDecision:
+    async def take(self, key_id: str, limit: int, window_seconds: int, cost: int = 1,
+                   guard: Guard | None = None, burst: int | None = None) -> LimitDecision:
         if cost <= 0:  # a look: room held here is room in the window; else the backend's
-            name = bucket_name(key_id, limit, window_seconds)
+            name = bucket_name(key_id, limit, window_seconds, burst)
             lease = self.book.live(name) if guard is None else None
             if lease is not None and lease.free > 0 and lease.ends > self._clock():
-                return self._decided(lease, limit)
-            return await self.shared.take(key_id, limit, window_seconds, cost, guard)
+                return self._decided(lease)
+            return await self.shared.take(key_id, limit, window_seconds, cost, guard, burst)
         if (guarded := self._guards.get(key_id)) is not None:
             # A failure counted against a guard: what it guards is decided by the backend.
             if guarded:
                 self._book(self.book.end(list(guarded)))
                 guarded.clear()
-            return await self.shared.take(key_id, limit, window_seconds, cost, guard)
-        name = bucket_name(key_id, limit, window_seconds)
+            return await self.shared.take(key_id, limit, window_seconds, cost, guard, burst)
+        name = bucket_name(key_id, limit, window_seconds, burst)
         if guard is not None:
             name = f"{name}|{guard.key_id}:{guard.limit}/{guard.window_seconds}"
             if guard.key_id not in self._guards:
@@ -76,26 +84,36 @@ class LeasedRateLimiter:
             lease = leases[0]
             self.book.count(lease, cost)
             if size := self.book.renewal(lease, cost):
-                self._lease(key_id, limit, window_seconds, guard, name, size)
-            return self._decided(lease, limit)
-        decision = await self.shared.take(key_id, limit, window_seconds, cost, guard)
+                self._lease(_Window(key_id, limit, window_seconds, guard, 0.0, 0.0, burst),
+                            name, size)
+            return self._decided(lease)
+        decision = await self.shared.take(key_id, limit, window_seconds, cost, guard, burst)
         if decision.allowed and (size := self.book.wanted(name, cost, decision.remaining)):
-            self._lease(key_id, limit, window_seconds, guard, name, size)
+            self._lease(_Window(key_id, limit, window_seconds, guard, 0.0, 0.0, burst),
+                        name, size)
         return decision
 
-    def _decided(self, lease: Lease, limit: int) -> LimitDecision:
-        return LimitDecision(True, limit, lease.remaining,
-                             max(0.0, lease.tag.end - self._clock()), leased=True)
+    def _decided(self, lease: Lease) -> LimitDecision:
+        """A request decided from ``lease``, as this process sees its limit: a window's
+        reset is its end; a bucket's, when its burst would be whole again."""
+        window: _Window = lease.tag
+        if window.burst is None:
+            return LimitDecision(True, window.limit, lease.remaining,
+                                 max(0.0, window.end - self._clock()), leased=True)
+        rate = bucket_rate(window.limit, window.window_seconds)
+        return LimitDecision(True, window.limit, min(lease.remaining, window.burst),
+                             seconds_until(lease.remaining, window.burst, rate), leased=True,
+                             capacity=window.burst)
 
-    def _lease(self, key_id: str, limit: int, window_seconds: int, guard: Guard | None,
-               name: str, size: int) -> None:
-        self._keeper.spawn(self._ask(key_id, limit, window_seconds, guard, name, size))
+    def _lease(self, limit: _Window, name: str, size: int) -> None:
+        """Ask for a lease of ``size`` on ``limit`` (its start and end: the grant's)."""
+        self._keeper.spawn(self._ask(limit, name, size))
 
-    async def _ask(self, key_id: str, limit: int, window_seconds: int, guard: Guard | None,
-                   name: str, size: int) -> None:
+    async def _ask(self, limit: _Window, name: str, size: int) -> None:
         asked = self._clock()
         try:
-            granted = await self.shared.lease(key_id, limit, window_seconds, size, guard)
+            granted = await self.shared.lease(limit.key_id, limit.limit, limit.window_seconds,
+                                              size, limit.guard, limit.burst)
         except Exception as exc:  # the backend's trouble shows on the requests it decides
             log.debug("a lease on %s was not granted: %s", self.backend, type(exc).__name__)
             self.book.refused(name)
@@ -103,14 +121,14 @@ class LeasedRateLimiter:
         if not granted.amount:
             self.book.refused(name)
             return
-        end = asked + granted.reset_after
+        end = asked + granted.reset_after  # a bucket's: never (its lease's period bounds it)
         if (live := self.book.live(name)) is not None and live.tag.start != granted.window:
             self._book(self.book.end([name]))  # granted in the next window: a lease of its own
-        self.book.granted(name, granted.amount, limit - granted.count, asked,
-                          _Window(key_id, limit, window_seconds, guard, granted.window, end),
-                          ends=end)
-        if guard is not None:
-            self._guards.setdefault(guard.key_id, set()).add(name)
+        capacity = limit.limit if limit.burst is None else limit.burst
+        self.book.granted(name, granted.amount, capacity - granted.count, asked,
+                          replace(limit, start=granted.window, end=end), ends=end)
+        if limit.guard is not None:
+            self._guards.setdefault(limit.guard.key_id, set()).add(name)
 
     def _book(self, ended: list[Lease]) -> None:
         if ended:
@@ -125,7 +143,8 @@ class LeasedRateLimiter:
             if (amount := lease.give_back()) > 0 and window.end > now:
                 try:
                     await self.shared.give_back(window.key_id, window.limit,
-                                                window.window_seconds, amount, window.start)
+                                                window.window_seconds, amount, window.start,
+                                                window.burst)
                 except Exception as exc:
                     log.debug("a lease was not given back to %s: %s", self.backend,
                               type(exc).__name__)

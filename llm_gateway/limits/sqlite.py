@@ -30,16 +30,23 @@ from llm_gateway.limits import (
     Guard,
     LimitDecision,
     LimiterUnavailable,
+    bucket_decision,
+    bucket_granted,
     bucket_name,
     count_in_window,
     guarded,
     lease_in_window,
+    take_from_bucket,
     window_start,
 )
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS rate_limit_windows (
         bucket TEXT PRIMARY KEY, window_start REAL NOT NULL, request_count INTEGER NOT NULL
+    ) WITHOUT ROWID""",
+    # Token buckets (limits.take_from_bucket): tokens and when they were written.
+    """CREATE TABLE IF NOT EXISTS rate_limit_buckets (
+        bucket TEXT PRIMARY KEY, tokens REAL NOT NULL, at REAL NOT NULL
     ) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS quota_counters (
         name TEXT PRIMARY KEY, spent INTEGER NOT NULL, reserved INTEGER NOT NULL,
@@ -134,11 +141,14 @@ _STORE = "INSERT OR REPLACE INTO rate_limit_windows VALUES (?, ?, ?)"
 # A lease's unused room, back into the window it was counted in (none once that is over).
 _GIVE_BACK = """UPDATE rate_limit_windows SET request_count = max(0, request_count - ?)
                 WHERE bucket = ? AND window_start = ?"""
+_READ_BUCKET = "SELECT tokens, at FROM rate_limit_buckets WHERE bucket = ?"
+_STORE_BUCKET = "INSERT OR REPLACE INTO rate_limit_buckets VALUES (?, ?, ?)"
 
 
 class SqliteRateLimiter:
-    """The fixed window of ``llm_gateway.limits`` (the memory limiter's rule, applied to
-    rows of the workers' file): exact across the workers of one node."""
+    """The fixed window and the token bucket of ``llm_gateway.limits`` (the memory
+    limiter's rules, applied to rows of the workers' file): exact across the workers of
+    one node."""
 
     backend = "sqlite"
 
@@ -146,8 +156,14 @@ class SqliteRateLimiter:
         self._file = file
         self._clock = clock
 
-    async def take(self, key_id: str, limit: int, window_seconds: int,
-                   cost: int = 1, guard: Guard | None = None) -> LimitDecision:
+    async def take(self, key_id: str, limit: int, window_seconds: int, cost: int = 1,
+                   guard: Guard | None = None, burst: int | None = None) -> LimitDecision:
+        if burst is not None:
+            need = max(1, cost)
+            taken = self._bucket(key_id, limit, window_seconds, burst, cost, need, guard)
+            if isinstance(taken, LimitDecision):
+                return taken
+            return bucket_decision(limit, window_seconds, burst, *taken, need)
         now = self._clock()
         bucket = bucket_name(key_id, limit, window_seconds)
         start = window_start(now, window_seconds)
@@ -167,7 +183,12 @@ class SqliteRateLimiter:
             self._file.release()
 
     async def lease(self, key_id: str, limit: int, window_seconds: int, amount: int,
-                    guard: Guard | None = None) -> Granted:
+                    guard: Guard | None = None, burst: int | None = None) -> Granted:
+        if burst is not None:
+            taken = self._bucket(key_id, limit, window_seconds, burst, amount, amount, guard)
+            if isinstance(taken, LimitDecision):  # the guard full
+                return Granted(0, 0, taken.reset_after, 0.0)
+            return bucket_granted(taken[1], amount, taken[0], burst)
         now = self._clock()
         bucket = bucket_name(key_id, limit, window_seconds)
         start = window_start(now, window_seconds)
@@ -188,10 +209,36 @@ class SqliteRateLimiter:
             self._file.release()
 
     async def give_back(self, key_id: str, limit: int, window_seconds: int, amount: int,
-                        window: float) -> None:
+                        window: float, burst: int | None = None) -> None:
+        if burst is not None:
+            self._bucket(key_id, limit, window_seconds, burst, -amount, 0, None)
+            return
         db = self._acquire()
         try:
             db.execute(_GIVE_BACK, (amount, bucket_name(key_id, limit, window_seconds), window))
+        except sqlite3.Error as exc:
+            raise LimiterUnavailable(self.backend, exc) from exc
+        finally:
+            self._file.release()
+
+    def _bucket(self, key_id: str, limit: int, window_seconds: int, burst: int, cost: int,
+                need: int, guard: Guard | None) -> tuple[float, bool] | LimitDecision:
+        """``take_from_bucket`` on the key's bucket row: its level after and whether
+        granted, or the guard's refusal (nothing taken)."""
+        now = self._clock()
+        bucket = bucket_name(key_id, limit, window_seconds, burst)
+        db = self._acquire()
+        try:
+            if guard is not None:
+                windows = self._read(db, "", guard)
+                if (full := _guard_full(windows, guard, now)) is not None:
+                    return full
+            row = db.execute(_READ_BUCKET, (bucket,)).fetchone()
+            state, level, granted = take_from_bucket(row, now, limit, window_seconds, burst,
+                                                     cost, need)
+            if state is not None:
+                db.execute(_STORE_BUCKET, (bucket, *state))
+            return level, granted
         except sqlite3.Error as exc:
             raise LimiterUnavailable(self.backend, exc) from exc
         finally:

@@ -959,6 +959,33 @@ MIGRATIONS: tuple[Migration, ...] = (
         """,
     ),
     Migration(
+        14,
+        "request limits as token buckets: a key's burst, and the buckets shared by replicas",
+        # A key's burst is its bucket's capacity under RATE_LIMIT_ALGORITHM=token-bucket
+        # (NULL: its limit). A bucket's row is its tokens and when they were written, in
+        # epoch seconds on the database's clock (llm_gateway.limits.postgres refills and
+        # takes in one statement); one row per (key, limit setting), as the windows' rows,
+        # so nothing needs sweeping. SQLite gets the same table to keep one history.
+        sqlite="""
+        ALTER TABLE gateway_keys ADD COLUMN rate_limit_burst INTEGER
+            CHECK (rate_limit_burst > 0);
+        CREATE TABLE rate_limit_buckets (
+            bucket TEXT PRIMARY KEY,
+            tokens REAL NOT NULL,
+            refilled_at REAL NOT NULL
+        );
+        """,
+        postgres="""
+        ALTER TABLE gateway_keys ADD COLUMN rate_limit_burst INTEGER
+            CHECK (rate_limit_burst > 0);
+        CREATE TABLE rate_limit_buckets (
+            bucket TEXT PRIMARY KEY,
+            tokens DOUBLE PRECISION NOT NULL,
+            refilled_at DOUBLE PRECISION NOT NULL
+        );
+        """,
+    ),
+    Migration(
         15,
         "the last reconciliation's drift per provider and model",
         # ``llm-gateway reconcile`` (a CronJob) writes each model's worst relative drift
