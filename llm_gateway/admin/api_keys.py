@@ -37,6 +37,7 @@ async def create_key(body: schemas.KeyCreate, service: Service) -> dict[str, Any
         name=body.name, subject_id=body.subject_id,
         rate_limit=(body.rate_limit_requests, body.rate_limit_window_seconds),
         models=tuple(body.allowed_models), expires_at=body.expires_at,
+        burst=body.rate_limit_burst,
     )
     return {**key_view(record), "key": key}
 

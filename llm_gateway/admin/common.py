@@ -135,6 +135,7 @@ def key_fields(record: KeyRecord) -> dict[str, Any]:
         "created_at": record.created_at, "last_used_at": record.last_used_at,
         "rate_limit_requests": record.rate_limit_requests,
         "rate_limit_window_seconds": record.rate_limit_window_seconds,
+        "rate_limit_burst": record.rate_limit_burst,
         "allowed_models": list(record.allowed_models),
     }
 

@@ -170,6 +170,9 @@ class Key(BaseModel):
     last_used_at: float | None
     rate_limit_requests: int
     rate_limit_window_seconds: int
+    rate_limit_burst: int | None = Field(description=(
+        "the token bucket's capacity under RATE_LIMIT_ALGORITHM=token-bucket; null: the "
+        "limit"))
     allowed_models: list[str]
 
 
@@ -183,6 +186,9 @@ class KeyCreate(BaseModel):
     subject_id: Name | None = Field(default=None, description="default: the key's name")
     rate_limit_requests: PositiveInteger = 60
     rate_limit_window_seconds: WindowSeconds = 60
+    rate_limit_burst: PositiveInteger | None = Field(default=None, description=(
+        "requests the key may send at once under RATE_LIMIT_ALGORITHM=token-bucket (its "
+        "bucket's capacity, refilled at the limit per window); default: the limit"))
     allowed_models: list[Name] = Field(
         default_factory=list, max_length=ALLOWED_MODELS_MAX,
         description=f"at most {ALLOWED_MODELS_MAX} model names; none: every model")
@@ -211,6 +217,8 @@ class KeyUpdate(BaseModel):
     subject_id: Name | None = None
     rate_limit_requests: PositiveInteger | None = None
     rate_limit_window_seconds: WindowSeconds | None = None
+    rate_limit_burst: PositiveInteger | None = Field(
+        default=None, description="the token bucket's capacity; null: the limit")
     allowed_models: list[Name] | None = Field(
         default=None, max_length=ALLOWED_MODELS_MAX,
         description=f"at most {ALLOWED_MODELS_MAX} model names; empty: every model")

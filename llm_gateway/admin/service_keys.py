@@ -26,7 +26,7 @@ from llm_gateway.keys import DEFAULT_RATE_LIMIT, KeyRecord, new_key_record
 # What ``update_key`` may change, by field name.
 EDITABLE_KEY_FIELDS = frozenset({
     "name", "subject_id", "allowed_models", "rate_limit_requests",
-    "rate_limit_window_seconds", "expires_at",
+    "rate_limit_window_seconds", "rate_limit_burst", "expires_at",
 })
 
 
@@ -44,6 +44,8 @@ def _check_key_fields(fields: Mapping[str, Any]) -> None:
     if "rate_limit_window_seconds" in fields:
         whole_number(fields["rate_limit_window_seconds"], "rate_limit_window_seconds", 1,
                      WINDOW_SECONDS_MAX)
+    if fields.get("rate_limit_burst") is not None:  # None: the limit
+        whole_number(fields["rate_limit_burst"], "rate_limit_burst", 1, INTEGER_MAX)
     if fields.get("expires_at") is not None:
         unix_seconds(fields["expires_at"], "expires_at")
 
@@ -52,16 +54,17 @@ class KeyOps(ServiceBase):
     async def create_key(
         self, *, name: str, subject_id: str | None = None,
         rate_limit: tuple[int, int] = DEFAULT_RATE_LIMIT, models: tuple[str, ...] = (),
-        expires_at: float | None = None,
+        expires_at: float | None = None, burst: int | None = None,
     ) -> tuple[KeyRecord, str]:
         """A new key; the plaintext is returned here and nowhere else, ever."""
         _check_key_fields({"name": name, "rate_limit_requests": rate_limit[0],
                            "rate_limit_window_seconds": rate_limit[1], "expires_at": expires_at,
+                           "rate_limit_burst": burst,
                            **({"subject_id": subject_id} if subject_id is not None else {})})
         record, key = new_key_record(
             name=name, subject_id=subject_id, now=self.clock(),
             rate_limit_requests=rate_limit[0], rate_limit_window_seconds=rate_limit[1],
-            allowed_models=tuple(models), expires_at=expires_at,
+            allowed_models=tuple(models), expires_at=expires_at, rate_limit_burst=burst,
         )
         await self.store.insert_key(record)
         await self.store.write_audit(self.event("key.create", _target(record),
@@ -138,6 +141,7 @@ class KeyOps(ServiceBase):
             rate_limit_requests=old.rate_limit_requests,
             rate_limit_window_seconds=old.rate_limit_window_seconds,
             allowed_models=old.allowed_models, expires_at=old.expires_at,
+            rate_limit_burst=old.rate_limit_burst,
         )
         record = dataclasses.replace(record, is_active=old.is_active)
         await self.store.insert_key(record)

@@ -31,6 +31,7 @@ def register(commands: Any) -> None:
     create.add_argument("--subject", help="who the key belongs to (default: its name)")
     create.add_argument("--rate-limit", default="{}/{}".format(*DEFAULT_RATE_LIMIT),
                         metavar="N/SECONDS")
+    create.add_argument("--burst", metavar="N", help=_BURST_HELP)
     create.add_argument("--models", help="comma-separated allowed models (default: all)")
     create.add_argument("--expires-in", metavar="DURATION", help="e.g. 30d, 12h")
     create.add_argument("--json", action="store_true")
@@ -62,6 +63,9 @@ def _register_update(keys: Any) -> None:
     update.add_argument("--name")
     update.add_argument("--subject")
     update.add_argument("--rate-limit", metavar="N/SECONDS")
+    burst = update.add_mutually_exclusive_group()
+    burst.add_argument("--burst", metavar="N", help=_BURST_HELP)
+    burst.add_argument("--no-burst", action="store_true", help="burst = the limit again")
     models = update.add_mutually_exclusive_group()
     models.add_argument("--models", help="comma-separated allowed models")
     models.add_argument("--all-models", action="store_true", help="allow every model")
@@ -70,6 +74,26 @@ def _register_update(keys: Any) -> None:
     expiry.add_argument("--no-expiry", action="store_true")
     update.add_argument("--json", action="store_true")
     update.set_defaults(handler=cmd_keys_update)
+
+
+_BURST_HELP = ("requests the key may send at once under RATE_LIMIT_ALGORITHM=token-bucket "
+               "(its bucket's capacity, refilled at N per SECONDS; default: N)")
+
+
+def _burst(text: str) -> int:
+    try:
+        burst = int(text)
+    except ValueError:
+        burst = 0
+    if burst <= 0:
+        raise ValueError(f"expected --burst as a whole number above 0, got {text!r}")
+    return burst
+
+
+def _limit_line(record: KeyRecord) -> str:
+    burst = f", burst {record.rate_limit_burst}" if record.rate_limit_burst else ""
+    return (f"limit:   {record.rate_limit_requests} requests / "
+            f"{record.rate_limit_window_seconds}s{burst}")
 
 
 def _models(text: str) -> tuple[str, ...]:
@@ -96,7 +120,7 @@ def _print_new_key(record: KeyRecord, key: str, as_json: bool) -> None:
         return
     print(f"id:      {record.id}")
     print(f"name:    {record.name} (subject {record.subject_id})")
-    print(f"limit:   {record.rate_limit_requests} requests / {record.rate_limit_window_seconds}s")
+    print(_limit_line(record))
     print(f"models:  {', '.join(record.allowed_models) or 'all'}")
     print("The key is shown once; store it now:")
     print(key)
@@ -106,13 +130,14 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
     try:
         rate_limit = parse_rate_limit(args.rate_limit)
         expires_at = time.time() + parse_duration(args.expires_in) if args.expires_in else None
+        burst = _burst(args.burst) if args.burst is not None else None
     except ValueError as exc:
         print(f"llm-gateway keys create: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     models = _models(args.models) if args.models else ()
     status, created = run_admin(args, "keys create", lambda service: service.create_key(
         name=args.name, subject_id=args.subject, rate_limit=rate_limit, models=models,
-        expires_at=expires_at,
+        expires_at=expires_at, burst=burst,
     ))
     if created is not None:
         _print_new_key(*created, args.json)
@@ -147,7 +172,7 @@ def _print_key(record: KeyRecord, as_json: bool) -> None:
     print(f"prefix:  {record.prefix}…")
     print(f"name:    {record.name} (subject {record.subject_id})")
     print(f"state:   {state}")
-    print(f"limit:   {record.rate_limit_requests} requests / {record.rate_limit_window_seconds}s")
+    print(_limit_line(record))
     print(f"models:  {', '.join(record.allowed_models) or 'all'}")
     print(f"expires: {expires}")
 
@@ -167,6 +192,8 @@ def cmd_keys_update(args: argparse.Namespace) -> int:
             fields["rate_limit_requests"], fields["rate_limit_window_seconds"] = limit
         if args.expires_in:
             fields["expires_at"] = time.time() + parse_duration(args.expires_in)
+        if args.burst is not None or args.no_burst:
+            fields["rate_limit_burst"] = None if args.no_burst else _burst(args.burst)
     except ValueError as exc:
         print(f"llm-gateway keys update: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -160,11 +160,11 @@ class AdminPostgresMixin:
         return await self._audited(
             audit,
             "UPDATE gateway_keys SET name = %s, subject_id = %s, allowed_models = %s, "
-            "rate_limit_requests = %s, rate_limit_window_seconds = %s, "
+            "rate_limit_requests = %s, rate_limit_window_seconds = %s, rate_limit_burst = %s, "
             "expires_at = to_timestamp(%s::float8) WHERE id = %s AND revoked_at IS NULL",
             (record.name, record.subject_id, list(record.allowed_models),
-             record.rate_limit_requests, record.rate_limit_window_seconds, record.expires_at,
-             uuid.UUID(record.id)),
+             record.rate_limit_requests, record.rate_limit_window_seconds,
+             record.rate_limit_burst, record.expires_at, uuid.UUID(record.id)),
         ) == 1
 
     async def set_key_active(self, key_id: str, active: bool, *, audit: AuditEvent) -> bool:

@@ -135,11 +135,11 @@ class AdminSqliteMixin:
         def work(db: sqlite3.Connection) -> bool:
             return _audited(db, audit, lambda: db.execute(
                 "UPDATE gateway_keys SET name = ?, subject_id = ?, allowed_models = ?, "
-                "rate_limit_requests = ?, rate_limit_window_seconds = ?, expires_at = ? "
-                "WHERE id = ? AND revoked_at IS NULL",
+                "rate_limit_requests = ?, rate_limit_window_seconds = ?, rate_limit_burst = ?, "
+                "expires_at = ? WHERE id = ? AND revoked_at IS NULL",
                 (record.name, record.subject_id, json.dumps(list(record.allowed_models)),
                  record.rate_limit_requests, record.rate_limit_window_seconds,
-                 record.expires_at, record.id),
+                 record.rate_limit_burst, record.expires_at, record.id),
             ).rowcount == 1)
 
         return await self._run(work)

@@ -42,7 +42,8 @@ CONNECT_TIMEOUT_SECONDS = 3
 
 _KEY_COLUMNS = (
     "id, subject_id, name, prefix, key_hash, is_active, revoked_at, expires_at, created_at, "
-    "last_used_at, rate_limit_requests, rate_limit_window_seconds, allowed_models"
+    "last_used_at, rate_limit_requests, rate_limit_window_seconds, allowed_models, "
+    "rate_limit_burst"
 )
 
 
@@ -62,7 +63,7 @@ def _row_to_key(row: tuple[Any, ...]) -> KeyRecord:
         is_active=row[5], revoked_at=from_timestamp(row[6]), expires_at=from_timestamp(row[7]),
         created_at=created_at, last_used_at=from_timestamp(row[9]),
         rate_limit_requests=row[10], rate_limit_window_seconds=row[11],
-        allowed_models=tuple(row[12]),
+        allowed_models=tuple(row[12]), rate_limit_burst=row[13],
     )
 
 
@@ -167,13 +168,14 @@ class PostgresStore(UsagePostgresMixin, AdminPostgresMixin, ReconcilePostgresMix
     async def insert_key(self, record: KeyRecord) -> None:
         async with self.connection() as conn:
             await conn.execute(
-                f"INSERT INTO gateway_keys ({_KEY_COLUMNS}) VALUES ({', '.join(['%s'] * 13)})",
+                f"INSERT INTO gateway_keys ({_KEY_COLUMNS}) VALUES ({', '.join(['%s'] * 14)})",
                 (
                     uuid.UUID(record.id), record.subject_id, record.name, record.prefix,
                     record.key_hash, record.is_active, to_timestamp(record.revoked_at),
                     to_timestamp(record.expires_at), to_timestamp(record.created_at),
                     to_timestamp(record.last_used_at), record.rate_limit_requests,
                     record.rate_limit_window_seconds, list(record.allowed_models),
+                    record.rate_limit_burst,
                 ),
             )
 

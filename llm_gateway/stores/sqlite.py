@@ -21,7 +21,8 @@ T = TypeVar("T")
 
 _KEY_COLUMNS = (
     "id, subject_id, name, prefix, key_hash, is_active, revoked_at, expires_at, created_at, "
-    "last_used_at, rate_limit_requests, rate_limit_window_seconds, allowed_models"
+    "last_used_at, rate_limit_requests, rate_limit_window_seconds, allowed_models, "
+    "rate_limit_burst"
 )
 
 
@@ -30,7 +31,7 @@ def _row_to_key(row: tuple) -> KeyRecord:
         id=row[0], subject_id=row[1], name=row[2], prefix=row[3], key_hash=bytes(row[4]),
         is_active=bool(row[5]), revoked_at=row[6], expires_at=row[7], created_at=row[8],
         last_used_at=row[9], rate_limit_requests=row[10], rate_limit_window_seconds=row[11],
-        allowed_models=tuple(json.loads(row[12])),
+        allowed_models=tuple(json.loads(row[12])), rate_limit_burst=row[13],
     )
 
 
@@ -118,10 +119,10 @@ class SqliteStore(UsageSqliteMixin, AdminSqliteMixin, ReconcileSqliteMixin):
             record.id, record.subject_id, record.name, record.prefix, record.key_hash,
             int(record.is_active), record.revoked_at, record.expires_at, record.created_at,
             record.last_used_at, record.rate_limit_requests, record.rate_limit_window_seconds,
-            json.dumps(list(record.allowed_models)),
+            json.dumps(list(record.allowed_models)), record.rate_limit_burst,
         )
         await self._run(lambda db: db.execute(
-            f"INSERT INTO gateway_keys ({_KEY_COLUMNS}) VALUES ({', '.join('?' * 13)})", values
+            f"INSERT INTO gateway_keys ({_KEY_COLUMNS}) VALUES ({', '.join('?' * 14)})", values
         ))
 
     async def key_by_prefix(self, prefix: str) -> KeyRecord | None:
