@@ -710,7 +710,7 @@ def test_models(venice):
 
 
 @pytest.mark.parametrize(
-    ("method", "path"), [("GET", "/billing/usage"), ("POST", "/api_keys"), ("GET", "")]
+    ("method", "path"), [("GET", "/billing/balance"), ("POST", "/api_keys"), ("GET", "")]
 )
 def test_any_other_path_under_the_prefix_reveals_the_billing_secret(venice, method, path):
     _, base_url = venice
@@ -812,7 +812,7 @@ def test_every_public_name_imports_from_fake_upstream():
     exported = {name: getattr(fake_upstream, name) for name in fake_upstream.__all__}
     assert exported["FakeUpstream"] is FakeUpstream
     assert exported["Fault"] is Fault
-    assert len(exported) == 21
+    assert len(exported) == 22
 
 
 def test_command_line_key_in_another_header():

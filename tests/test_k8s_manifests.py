@@ -32,6 +32,7 @@ import yaml
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
+from llm_gateway.cli import build_parser
 from llm_gateway.k8s import (
     INJECT_KEY,
     NAMESPACE_OPT_IN_VALUE,
@@ -64,10 +65,11 @@ IMAGE_NAME = "llm-gateway"
 USER_CREATED_SECRETS = {
     "llm-gateway-provider",
     "llm-gateway-datastores",
+    "llm-gateway-provider-admin",
     "llm-gateway-injector-tls",
     "example-app-gateway-key",
 }
-WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
+WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob"}
 
 
 def _kustomization_kind(directory: Path) -> str:
@@ -360,10 +362,16 @@ def security_baseline_errors(spec: Mapping[str, Any], where: str) -> list[str]:
     return errors
 
 
+def pod_template(obj: dict[str, Any]) -> dict[str, Any]:
+    """A workload's pod template (a CronJob's is its Job template's)."""
+    spec = obj["spec"]["jobTemplate"]["spec"] if obj["kind"] == "CronJob" else obj["spec"]
+    return spec["template"]  # type: ignore[no-any-return]
+
+
 def pod_templates(objects: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], dict]]:
     for obj in objects:
         if obj["kind"] in WORKLOAD_KINDS:
-            yield obj, obj["spec"]["template"]
+            yield obj, pod_template(obj)
 
 
 def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
@@ -445,7 +453,7 @@ def test_selectors_select_what_they_should(directory: str) -> None:
         for obj, template in pod_templates(objects)
     ]
     for obj, template in pod_templates(objects):
-        if obj["kind"] != "Job" and not _selects(
+        if obj["kind"] not in ("Job", "CronJob") and not _selects(
             obj["spec"]["selector"], template["metadata"]["labels"]
         ):
             errors.append(f"{_name(obj)}: selector does not match its template")
@@ -813,7 +821,7 @@ def test_every_gateway_keeps_its_usage_spool_on_a_writable_volume(directory: str
     for workload in render(directory):
         if workload["kind"] not in WORKLOAD_KINDS:
             continue
-        spec = workload["spec"]["template"]["spec"]
+        spec = pod_template(workload)["spec"]
         volumes = {volume["name"]: volume for volume in spec.get("volumes") or []}
         for container in [*(spec.get("initContainers") or []), *spec["containers"]]:
             if (container.get("args") or [None])[0] not in ("serve", "sidecar"):
@@ -825,3 +833,29 @@ def test_every_gateway_keeps_its_usage_spool_on_a_writable_volume(directory: str
                        if m["mountPath"] == env["USAGE_SPOOL_DIR"]]
             assert not mount.get("readOnly"), where
             assert "emptyDir" in volumes[mount["name"]], where
+
+
+def test_the_reconcile_cronjob_runs_the_command_daily_with_the_admin_key_alone() -> None:
+    objects = render("base")
+    job = find(objects, "CronJob", "llm-gateway-reconcile")
+    assert job["spec"]["concurrencyPolicy"] == "Forbid" and job["spec"]["timeZone"] == "Etc/UTC"
+    template = pod_template(job)
+    [container] = template["spec"]["containers"]
+    assert container["args"][:3] == ["reconcile", "--provider", "venice"]
+    assert container["image"].startswith(f"{IMAGE_NAME}:")
+    # A drift (exit 1) fails the Job at once; the bill would read the same on a retry.
+    [fail, _] = job["spec"]["jobTemplate"]["spec"]["podFailurePolicy"]["rules"]
+    assert fail["action"] == "FailJob" and fail["onExitCodes"]["values"] == [1]
+    sources = {source["secretRef"]["name"] for source in container["envFrom"]}
+    assert "llm-gateway-provider-admin" in sources
+    # No other workload gets the admin keys.
+    for obj, other in pod_templates(objects):
+        if obj is job:
+            continue
+        for each in [*(other["spec"].get("initContainers") or []),
+                     *other["spec"]["containers"]]:
+            assert "llm-gateway-provider-admin" not in str(each.get("envFrom")), _name(obj)
+    # The flags it passes are the command's.
+    parser = build_parser()
+    parsed = parser.parse_args(container["args"])
+    assert (parsed.provider, parsed.tolerance) == ("venice", "0.5%")

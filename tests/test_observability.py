@@ -109,6 +109,9 @@ CONTRACT: dict[str, tuple[str, tuple[str, ...]]] = {
     "llm_gateway_usage_spool_failures_total": ("counter", ()),
     "llm_gateway_budget_used_ratio": ("gauge", ("scope", "id", "window")),
     "llm_gateway_backend_up": ("gauge", ("component", "backend")),
+    # The last `llm-gateway reconcile` against each provider's bill (issue 32).
+    "llm_gateway_reconcile_drift_ratio": ("gauge", ("provider", "model")),
+    "llm_gateway_reconcile_last_run_timestamp_seconds": ("gauge", ("provider",)),
 }
 # OTel GenAI bucket advice: gen_ai.client.operation.duration, time to first chunk and
 # time per output token.
@@ -427,6 +430,9 @@ class ContractMetrics:
         self._metric("llm_gateway_budget_used_ratio", "subject", "team-b", "monthly").set(0.93)
         self._metric("llm_gateway_backend_up", "key_store", "postgres").set(1)
         self._metric("llm_gateway_backend_up", "rate_limiter", "redis").set(1)
+        self._metric("llm_gateway_reconcile_drift_ratio", "openai", "gpt-4o").set(0.001)
+        self._metric("llm_gateway_reconcile_last_run_timestamp_seconds", "openai").set(
+            time.time() - 3600)
 
     def exposition(self) -> bytes:
         from prometheus_client import generate_latest
@@ -717,7 +723,7 @@ def test_compose_starts_things_in_order_and_checks_their_health() -> None:
     assert depends["redis"]["condition"] == depends["postgres"]["condition"] == "service_healthy"
     for name, service in services.items():
         check = service.get("healthcheck") or {}
-        one_shot = name in {"migrate", "seed"}
+        one_shot = name in {"migrate", "seed", "reconcile"}
         assert check.get("disable") is (True if one_shot else None), name
         if not one_shot and "test" not in check:
             # Inherits the image's HEALTHCHECK: only the gateway image has one.
@@ -727,6 +733,7 @@ def test_compose_starts_things_in_order_and_checks_their_health() -> None:
             if condition["condition"] == "service_healthy":
                 assert not (services[dependency].get("healthcheck") or {}).get("disable")
     assert services["seed"]["profiles"] == ["seed"]
+    assert services["reconcile"]["profiles"] == ["reconcile"]
     for name in ("prometheus", "grafana", "traffic"):
         assert services[name]["profiles"] == ["observe"], name
     for name, service in services.items():
@@ -768,7 +775,7 @@ def test_compose_gateway_commands_run(tmp_path: Path) -> None:
         assert result.returncode == 0, f"{name}: {result.stdout}{result.stderr}"
         if name == "seed":
             assert re.fullmatch(r"llmg_\w+", result.stdout.strip().splitlines()[-1])
-    for name in ("serve", "fake-upstream"):
+    for name in ("serve", "fake-upstream", "reconcile"):
         command = services[name]["command"]
         result = run([str(BIN / "llm-gateway"), command[0], "--help"], env=env)
         assert result.returncode == 0, result.stderr

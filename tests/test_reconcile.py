@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import tempfile
 import time
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -54,7 +56,7 @@ from llm_gateway.telemetry.reconcile_metrics import ReconcileDriftCollector
 from llm_gateway.testing.fake_ledger import Served, rates_per_mtok
 from llm_gateway.testing.fake_upstream import FakeUpstream, running_fake_upstream
 from llm_gateway.wiring import build_gateway
-from tests.support import create_key, serve_in_thread
+from tests.support import BIN, create_key, free_port, serve_in_thread, stop_process
 
 DAY = "2026-12-01"
 NEXT = "2026-12-02"
@@ -715,3 +717,32 @@ def test_the_collector_reads_at_most_once_per_period_and_never_blocks_a_scrape()
     assert sample.labels == {"provider": "p", "model": "gpt-x"} and sample.value == 0.25
     assert reads == [0.0, 61]
     assert third["llm_gateway_reconcile_last_run_timestamp_seconds"][0].value == 5.0
+
+
+@pytest.mark.slow_once
+def test_the_fake_upstream_command_over_bills_as_told(tmp_path: Path) -> None:
+    port = free_port()
+    command = [str(BIN / "llm-gateway"), "fake-upstream", "--listen", f"127.0.0.1:{port}",
+               "--usage-mode", "openai", "--admin-key", FAKE_ADMIN_KEY, "--over-bill", "1"]
+    with tempfile.TemporaryFile(mode="w+") as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, text=True)
+        try:
+            url = f"http://127.0.0.1:{port}/api/v1"
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    answer = httpx.post(f"{url}/chat/completions", json={
+                        "model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                        headers={"authorization": "Bearer sk-fake-upstream"}, timeout=2)
+                    break
+                except httpx.TransportError:
+                    assert time.monotonic() < deadline and process.poll() is None
+                    time.sleep(0.05)
+            assert answer.status_code == 200
+            report = httpx.get(f"{url}/organization/usage/completions",
+                               params={"start_time": int(time.time()) - 60},
+                               headers={"authorization": f"Bearer {FAKE_ADMIN_KEY}"}).json()
+        finally:
+            stop_process(process)
+    [bucket] = [b for b in report["data"] if b["results"]]
+    assert bucket["results"][0]["num_model_requests"] == 2  # one served, one over-billed

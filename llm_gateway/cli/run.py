@@ -33,9 +33,11 @@ def register(commands: Any) -> None:
     fake.add_argument("--api-key", default="sk-fake-upstream")
     fake.add_argument("--chunk-delay", type=float, default=0.0, help="seconds between chunks")
     fake.add_argument("--chunks", type=int, default=8)
-    fake.add_argument("--usage-mode", choices=["venice", "openai"], default="venice")
+    fake.add_argument("--usage-mode", choices=["venice", "openai", "anthropic", "gemini"],
+                      default="venice")
     fake.add_argument("--auth-header", default="authorization",
                       help="where the fake expects its key: authorization (Bearer) or a header")
+    _fake_billing_options(fake)
     fake.set_defaults(handler=cmd_fake_upstream)
 
     commands.add_parser(
@@ -111,13 +113,32 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fake_billing_options(fake: argparse.ArgumentParser) -> None:
+    """The fake's own bill: its usage and cost report APIs (llm-gateway reconcile reads them)."""
+    fake.add_argument("--admin-key", default="sk-fake-admin",
+                      help="the key its usage and cost report APIs take (and nothing else)")
+    fake.add_argument("--ledger", action="store_true",
+                      help="remember every billed request served, for its reports")
+    skew = fake.add_mutually_exclusive_group()
+    skew.add_argument("--over-bill", type=int, default=0, metavar="REQUESTS",
+                      help="its reports bill this many requests it never served (implies "
+                           "--ledger)")
+    skew.add_argument("--under-bill", type=int, default=0, metavar="REQUESTS",
+                      help="its reports leave out the last requests it served (implies "
+                           "--ledger)")
+
+
 def cmd_fake_upstream(args: argparse.Namespace) -> int:
     from llm_gateway.testing.fake_upstream import serve_fake_upstream
 
     host, port = args.listen
+    if args.over_bill < 0 or args.under_bill < 0:
+        return config_failure(ConfigError("--over-bill/--under-bill", "expected a count >= 0"))
+    skew = args.over_bill - args.under_bill
     serve_fake_upstream(host, port, api_key=args.api_key, chunk_delay=args.chunk_delay,
                         chunk_count=args.chunks, usage_mode=args.usage_mode,
-                        auth_header=args.auth_header)
+                        auth_header=args.auth_header, admin_key=args.admin_key,
+                        ledger=args.ledger or skew != 0, billing_skew=skew)
     return 0
 
 

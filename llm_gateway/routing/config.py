@@ -92,6 +92,7 @@ def legacy_provider(settings: Settings) -> ProviderConfig:
     return ProviderConfig(
         name="venice", base_url=settings.venice_base_url, profile="venice",
         api_key=settings.venice_api_key, api_key_env="VENICE_API_KEY",
+        admin_key_env="VENICE_ADMIN_KEY",  # a Venice ADMIN key, for `reconcile` only
         timeouts=Timeouts(connect=5.0, first_byte=timeout, read=timeout, stream_idle=timeout),
     )
 

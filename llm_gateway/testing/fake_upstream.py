@@ -30,6 +30,10 @@ What it speaks, under ``api_prefix`` (default ``/api/v1``, like ``https://api.ve
 ``fake_anthropic``). Headers steer what a request gets there too (``x-fake-tool-call``,
 ``x-fake-cache-read-tokens``, ...), as the modules' docstrings list.
 
+Its bill: the usage and cost report APIs of OpenAI, Anthropic and Venice, served from a ledger
+of what it actually served and taking only the admin key, which can be told to over- or
+under-bill (``fake_reports``, ``fake_ledger``; ``FakeUpstream(billing_skew=...)``).
+
 Every endpoint requires ``Authorization: Bearer <api_key>`` (or the bare key in another header:
 ``FakeUpstream(auth_header="api-key")``; Anthropic's ``x-api-key`` in anthropic mode). Failures
 are injected with :meth:`FakeUpstream.push_fault`; every request is recorded in
@@ -68,6 +72,7 @@ from llm_gateway.testing.fake_anthropic import FAKE_CLAUDE_MODELS, ClaudeModel
 from llm_gateway.testing.fake_app import USAGE_MODES, FakeUpstream
 from llm_gateway.testing.fake_content import (
     BILLING_SECRET,
+    DEFAULT_FAKE_ADMIN_KEY,
     DEFAULT_FAKE_API_KEY,
     FAKE_MODELS,
     FAKE_THINKING_TEXT,
@@ -85,6 +90,7 @@ from llm_gateway.testing.fake_faults import DeliberateConnectionCut, Fault
 
 __all__ = [
     "BILLING_SECRET",
+    "DEFAULT_FAKE_ADMIN_KEY",
     "DEFAULT_FAKE_API_KEY",
     "FAKE_CLAUDE_MODELS",
     "FAKE_MODELS",
@@ -227,6 +233,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--chunk-delay", type=float, default=0.0, help="seconds between stream chunks"
     )
     parser.add_argument("--usage-mode", choices=USAGE_MODES, default="venice")
+    parser.add_argument("--admin-key", default=DEFAULT_FAKE_ADMIN_KEY,
+                        help="the key its usage and cost report APIs take")
+    parser.add_argument("--ledger", action="store_true",
+                        help="remember every billed request served, for its reports")
+    parser.add_argument("--billing-skew", type=int, default=0, metavar="REQUESTS",
+                        help="+N: its reports bill N requests never served; -N: leave out "
+                             "the last N served (implies --ledger)")
     arguments = parser.parse_args(argv)
     serve_fake_upstream(
         arguments.host,
@@ -237,6 +250,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         usage_mode=arguments.usage_mode,
         chunk_count=arguments.chunks,
         chunk_delay=arguments.chunk_delay,
+        admin_key=arguments.admin_key,
+        ledger=arguments.ledger or arguments.billing_skew != 0,
+        billing_skew=arguments.billing_skew,
     )
 
 
