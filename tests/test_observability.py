@@ -100,6 +100,8 @@ CONTRACT: dict[str, tuple[str, tuple[str, ...]]] = {
         "counter", ("key", "subject", "model", "provider", "protocol", "type")),
     "llm_gateway_cost_usd_total": ("counter", ("key", "subject", "model", "provider", "protocol")),
     "llm_gateway_upstream_failures_total": ("counter", ("provider", "kind")),
+    # Answers past their output cap: streams the gateway ended there (issue 33).
+    "llm_gateway_output_over_cap_total": ("counter", ("provider",)),
     "llm_gateway_upstream_in_flight": ("gauge", ("provider",)),
     "llm_gateway_upstream_max_concurrency": ("gauge", ("provider",)),
     "llm_gateway_target_state": ("gauge", ("provider", "model", "state")),
@@ -414,6 +416,7 @@ class ContractMetrics:
                 pick(1, 3))
         for kind in ("connect", "timeout", "5xx", "429"):
             self._metric("llm_gateway_upstream_failures_total", "venice", kind).inc(pick(0, 2))
+        self._metric("llm_gateway_output_over_cap_total", "venice").inc(pick(0, 1))
         self._metric("llm_gateway_upstream_in_flight", "venice").set(pick(0, 20))
         self._metric("llm_gateway_upstream_in_flight", "openai").set(pick(0, 5))
         self._metric("llm_gateway_upstream_max_concurrency", "venice").set(20)
