@@ -53,14 +53,15 @@ def browser() -> Iterator[Any]:
         launched.close()
 
 
-# The README's pictures: the loaded overview and keys pages. `SAVE_SCREENSHOTS_TO=docs/
-# screenshots pytest tests/test_console.py` refreshes them; nothing else leaves tmp_path.
-README_SCREENSHOTS = {"overview", "keys"}
+# The documentation's pictures (docs/admin.md): the loaded overview, keys, budgets and usage
+# pages. `SAVE_SCREENSHOTS_TO=docs/screenshots pytest tests/test_console.py` refreshes them;
+# nothing else leaves tmp_path.
+DOCS_SCREENSHOTS = {"overview", "keys", "budgets", "usage"}
 
 
 @pytest.fixture
 def screenshots(tmp_path: Path) -> Any:
-    """Saves a screenshot under the test's tmp dir (and the README's two under
+    """Saves a screenshot under the test's tmp dir (and the documentation's under
     SAVE_SCREENSHOTS_TO)."""
     extra = os.environ.get("SAVE_SCREENSHOTS_TO")
 
@@ -68,7 +69,7 @@ def screenshots(tmp_path: Path) -> Any:
         path = tmp_path / "screenshots" / f"{name}.png"
         path.parent.mkdir(exist_ok=True)
         page.screenshot(path=str(path))
-        if extra and name in README_SCREENSHOTS:
+        if extra and name in DOCS_SCREENSHOTS:
             Path(extra).mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(Path(extra) / f"{name}.png"))
         return path
