@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 import yaml
 
 from llm_gateway.known_hosts import KnownHostsChange, parse_change
+from llm_gateway.redis_urls import SCHEMES as REDIS_SCHEMES
+from llm_gateway.redis_urls import masked, parse_redis_url
 
 
 class ConfigError(Exception):
@@ -195,6 +197,9 @@ class Settings:
     # observability: how keys are named in metric labels (prefix, name, or none for
     # fleets with very many keys), the access log, process log format, audit capture.
     metrics_key_label: str = "prefix"
+    # The bearer token /metrics asks for; None: none, and metrics with key labels are then
+    # answered on loopback connections only (telemetry/metrics_access.py).
+    metrics_token: Secret | None = None
     access_log: str = "json"
     log_format: str = "text"
     audit_sample_rate: float = 0.01
@@ -304,13 +309,24 @@ def _url(*schemes: str) -> Parser:
     def parse(raw: Any) -> str:
         text = str(raw)
         parts = urlsplit(text)
-        # sqlite:///file and unix:///socket name a path, not a host.
+        # sqlite:///file and unix:///socket name a path, not a host; postgresql:///db may
+        # name its hosts in the query (?host=a,b&port=...: libpq's multi-host form).
         where = parts.path if parts.scheme in ("sqlite", "unix") else parts.netloc
+        if parts.scheme.startswith("postgres") and "host=" in parts.query:
+            where = where or parts.query
         if parts.scheme not in schemes or (parts.scheme != "sqlite" and not where):
-            raise ValueError(f"expected a {' or '.join(schemes)} URL, got {text!r}")
+            raise ValueError(f"expected a {' or '.join(schemes)} URL, got {masked(text)!r}")
         return text.rstrip("/") if parts.scheme in ("http", "https") else text
 
     return parse
+
+
+@_accepts(" or ".join(f"{scheme}://" for scheme in REDIS_SCHEMES) + " URL")
+def _redis_url(raw: Any) -> str:
+    """One server, a Sentinel-managed primary or a Cluster (llm_gateway.redis_urls: the
+    one reading of the forms; its errors mask the password)."""
+    parse_redis_url(str(raw))
+    return str(raw)
 
 
 def _integer(minimum: int, maximum: int | None = None) -> Parser:
@@ -517,9 +533,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("DATABASE_URL", "database_url", _url("sqlite", "postgresql", "postgres"),
              meaning="keys, usage records, prices, budgets, admin route changes, stored provider"
              " keys and the audit log; `postgresql://…` for state shared by replicas"),
-    Variable("REDIS_URL", "redis_url", _url("redis", "rediss", "unix"), blank_is_unset=True,
-             meaning="rate limits, budget counters and passive health shared by replicas; unset:"
-             " each process keeps its own"),
+    Variable("REDIS_URL", "redis_url", _redis_url, blank_is_unset=True,
+             meaning="rate limits, budget counters and passive health shared by replicas"
+             " (`redis+sentinel://host:26379,host2:26379/service_name` for a Sentinel-managed"
+             " primary, `redis+cluster://host:port,...` for a Cluster); unset: each process"
+             " keeps its own"),
     Variable("REDIS_NAMESPACE", "redis_namespace", _text, blank_is_unset=True,
              meaning="prefix of every Redis key the gateway writes: deployments sharing one Redis"
              " keep apart by it"),
@@ -601,6 +619,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("METRICS_KEY_LABEL", "metrics_key_label", _one_of("none", "prefix", "name"),
              meaning="how a key is named in metric labels: its prefix, its name, or `none` (the"
              " subject label is then `none` too)"),
+    Variable("METRICS_TOKEN", "metrics_token", _secret, blank_is_unset=True,
+             meaning="the bearer token `/metrics` asks for on every listener; unset: metrics with"
+             " key labels are answered on loopback connections only (403 elsewhere), metrics"
+             " without (`METRICS_KEY_LABEL=none`) everywhere"),
     Variable("ACCESS_LOG", "access_log", _one_of("json", "off"),
              meaning="`json`: one JSON line per request on stderr; `off`: none"),
     Variable("LOG_FORMAT", "log_format", _one_of("json", "text"),

@@ -8,7 +8,8 @@ running `llm-gateway` command line (PID 1, or the lowest PID running `llm-gatewa
 when an init process is PID 1; --pid names it for tests) and GETs that role's URL. The
 URLs come from the HEALTHCHECK line and hold each role's default address; the address a
 process was actually given wins: `serve` its BIND_ADDR (from its environment; a bind_addr
-set only in a --config file is not seen), `sidecar` its --admin, `injector` its --listen
+set only in a --config file is not seen), `sidecar` its --probe (else its --admin, unless
+off), `injector` its --listen
 (HTTPS only with --tls-cert). A role with no URL (migrate, keys: one-shot
 commands) and a container running no `llm-gateway` at all have nothing to probe: healthy.
 
@@ -29,7 +30,8 @@ from urllib.parse import urlsplit, urlunsplit
 # Options of `llm-gateway` itself that take a value, before the subcommand.
 GLOBAL_OPTIONS_WITH_VALUE = {"--config"}
 # Where each role is told its address: a flag of its command line, or (serve) a variable.
-ADDRESS_FLAG = {"sidecar": "--admin", "injector": "--listen"}
+# Flags in the order they are tried (the sidecar's probe port, else its admin port).
+ADDRESS_FLAG = {"sidecar": ("--probe", "--admin"), "injector": ("--listen",)}
 ADDRESS_VARIABLE = {"serve": "BIND_ADDR"}
 TIMEOUT_SECONDS = 2.0
 
@@ -102,7 +104,8 @@ def probe_url(default_url: str, role: str, arguments: list[str], environment: di
         scheme = "https" if flag_value(arguments, "--tls-cert") else "http"
     address = None
     if role in ADDRESS_FLAG:
-        address = flag_value(arguments, ADDRESS_FLAG[role])
+        given = (flag_value(arguments, flag) for flag in ADDRESS_FLAG[role])
+        address = next((value for value in given if value and value != "off"), None)
     elif role in ADDRESS_VARIABLE:
         address = environment.get(ADDRESS_VARIABLE[role])
     host, port = parts.hostname or "127.0.0.1", parts.port

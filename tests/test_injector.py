@@ -453,10 +453,11 @@ async def test_several_containers_with_existing_env_volumes_and_init_containers(
         "cache",
         "llm-gateway-ca-bundle",
     ]
-    # Nobody but the sidecar gets the provider key.
+    # Nobody but the sidecar gets the provider key (nor the metrics token, if there is one).
     assert sidecar_of(patched)["envFrom"] == [
         {"secretRef": {"name": "llm-gateway-provider"}},
         {"secretRef": {"name": "llm-gateway-datastores"}},
+        {"secretRef": {"name": "llm-gateway-metrics", "optional": True}},
     ]
     for container in spec["containers"]:
         assert "envFrom" not in container or all(
@@ -492,6 +493,10 @@ async def test_annotations_size_and_place_the_sidecar(client: httpx.AsyncClient)
         "limits": {"cpu": "1", "memory": "1Gi"},
     }
     assert "127.0.0.1:15001" in sidecar["args"] and "0.0.0.0:15021" in sidecar["args"]
+    # The pod IP's port is the probe port (health and metrics only); no admin API in the pod.
+    args = sidecar["args"]
+    assert args[args.index("--probe") + 1] == "0.0.0.0:15021"
+    assert args[args.index("--admin") + 1] == "off"
     assert sidecar["livenessProbe"]["httpGet"]["port"] == 15021
     env = env_of(patched["spec"]["containers"][0])
     assert env["HTTPS_PROXY"]["value"] == "http://127.0.0.1:15001"

@@ -65,6 +65,8 @@ IMAGE_NAME = "llm-gateway"
 USER_CREATED_SECRETS = {
     "llm-gateway-provider",
     "llm-gateway-datastores",
+    # Optional (METRICS_TOKEN): referred to with optional: true, made by the dev overlay.
+    "llm-gateway-metrics",
     "llm-gateway-provider-admin",
     "llm-gateway-injector-tls",
     "example-app-gateway-key",

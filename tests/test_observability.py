@@ -827,6 +827,12 @@ _ENDPOINT_COMMON = {
     "honorLabels": {"type": "boolean"},
     "relabelings": {"type": "array", "items": _RELABEL},
     "metricRelabelings": {"type": "array", "items": _RELABEL},
+    # SafeAuthorization: the credentials are a key of a Secret in the monitor's namespace.
+    "authorization": {"type": "object", "additionalProperties": False, "properties": {
+        "type": {"type": "string"},
+        "credentials": {"type": "object", "additionalProperties": False, "required": ["key"],
+                        "properties": {"name": {"type": "string"}, "key": {"type": "string"},
+                                       "optional": {"type": "boolean"}}}}},
 }
 _LABEL_SELECTOR = {"$ref": "https://kubernetes.io/api/_definitions.json#/$defs/"
                            "io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector"}
@@ -1021,6 +1027,9 @@ def test_the_service_monitor_scrapes_the_gateway_service(tmp_path: Path) -> None
     for endpoint in monitor["spec"]["endpoints"]:
         assert endpoint["port"] in port_names
         assert endpoint["path"] == "/metrics"
+        # The public port's /metrics asks for METRICS_TOKEN, which the gateway reads too.
+        assert endpoint["authorization"]["credentials"] == {
+            "name": "llm-gateway-metrics", "key": "METRICS_TOKEN"}
 
 
 def _relabel(rules: list[dict[str, Any]], labels: dict[str, str]) -> dict[str, str] | None:
@@ -1050,6 +1059,9 @@ def test_the_pod_monitor_scrapes_every_injected_sidecar(tmp_path: Path) -> None:
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
     [endpoint] = monitor["spec"]["podMetricsEndpoints"]
     assert endpoint["path"] == "/metrics"
+    # /metrics on a pod IP names keys: it asks for METRICS_TOKEN, which the sidecars read.
+    assert endpoint["authorization"] == {
+        "type": "Bearer", "credentials": {"name": "llm-gateway-metrics", "key": "METRICS_TOKEN"}}
     rules = endpoint["relabelings"]
     status = {_annotation_label(STATUS_ANNOTATION): STATUS_INJECTED}
     sidecar = {"__meta_kubernetes_pod_ip": "10.1.2.3",
@@ -1109,6 +1121,10 @@ def _role(tmp_path: Path, role: str) -> tuple[list[str], dict[str, str], str]:
     if role == "sidecar":
         return (["sidecar", "--listen", f"127.0.0.1:{other}", "--admin", f"127.0.0.1:{port}",
                  "--ca-dir", str(tmp_path / "ca")], env, f"http://127.0.0.1:{port}")
+    if role == "sidecar-probe":  # as the injector runs it: probes on the pod IP, no admin API
+        return (["sidecar", "--listen", f"127.0.0.1:{other}", "--admin", "off",
+                 "--probe", f"0.0.0.0:{port}", "--ca-dir", str(tmp_path / "ca")], env,
+                f"http://127.0.0.1:{port}")
     if role == "injector-tls":
         cert, key, _ = self_signed_certificate(tmp_path)
         return (["injector", f"--listen=127.0.0.1:{port}", "--tls-cert", str(cert),
@@ -1144,7 +1160,8 @@ def gateway_role(tmp_path: Path, role: str) -> Iterator[tuple[subprocess.Popen[s
         stop_process(process)
 
 
-@pytest.mark.parametrize("role", ["serve", "sidecar", "injector", "injector-tls"])
+@pytest.mark.parametrize("role", ["serve", "sidecar", "sidecar-probe", "injector",
+                                  "injector-tls"])
 def test_the_health_check_probes_the_running_role(tmp_path: Path, role: str) -> None:
     with gateway_role(tmp_path, role) as (process, base):
         result = run_healthcheck(process.pid)

@@ -162,12 +162,13 @@ def ca_dir(tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
 
 @contextlib.contextmanager
 def sidecar_in_thread(gateway: Gateway, ca_dir: Path, workdir: Path, *, mode: str = "regular",
-                      ca_bundle: Path | None = None) -> Iterator[InProcessSidecar]:
+                      ca_bundle: Path | None = None,
+                      probe: tuple[str, int] | None = None) -> Iterator[InProcessSidecar]:
     """The sidecar on its own event loop in a thread: for engines a test builds itself."""
     confdir = workdir / f"mitmproxy-{time.monotonic_ns()}"
     install_for_mitmproxy(load_or_create_ca(ca_dir), confdir)
     sidecar = Sidecar(gateway, mode=mode, listen=("127.0.0.1", 0), admin=("127.0.0.1", 0),
-                      confdir=confdir, ca_bundle=ca_bundle)
+                      confdir=confdir, ca_bundle=ca_bundle, probe=probe)
     failures: list[BaseException] = []
 
     def serve() -> None:

@@ -30,6 +30,7 @@ from llm_gateway.errors import Rejection
 from llm_gateway.exchange import Exchange
 from llm_gateway.http_types import IncomingRequest
 from llm_gateway.stores import StoreUnavailable
+from llm_gateway.telemetry.metrics_access import metrics_refusal
 from llm_gateway.wiring import build_gateway
 
 __all__ = ["GatewayMiddleware", "create_app"]
@@ -92,7 +93,9 @@ class GatewayMiddleware:
             if relative is not None:
                 await self._serve(scope, receive, send, relative)
                 return
-            answer = await self.probe(path)
+            authorization = dict(scope["headers"]).get(b"authorization")
+            answer = await self.probe(path, scope.get("server"),
+                                      authorization.decode("latin-1") if authorization else None)
             if answer is not None:
                 await send_body(send, *answer)
                 return
@@ -110,12 +113,19 @@ class GatewayMiddleware:
                 return relative
         return None
 
-    async def probe(self, path: str) -> tuple[int, bytes, list[tuple[str, str]]] | None:
+    async def probe(self, path: str, local: tuple[str, int | None] | None = None,
+                    authorization: str | None = None,
+                    ) -> tuple[int, bytes, list[tuple[str, str]]] | None:
         """The answer of a probe path (status, body, headers), else None. The probes keep
-        their paths under any prefix, "/" too (the API then at the server's root)."""
+        their paths under any prefix, "/" too (the API then at the server's root).
+        ``local``, the connection's local address, and ``authorization`` decide whether
+        ``/metrics`` is answered (``telemetry.metrics_access``; unknown: as a public port)."""
         if path == "/healthz":
             return 200, b'{"status":"ok"}', _JSON
         if path == "/metrics":
+            refused = metrics_refusal(self.gateway.settings, local, authorization)
+            if refused is not None:
+                return refused.status, refused.body, refused.all_headers()
             body, content_type = self.gateway.telemetry.metrics()
             return 200, body, [("content-type", content_type)]
         if path == "/readyz":

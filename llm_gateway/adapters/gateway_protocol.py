@@ -51,6 +51,7 @@ from llm_gateway.config import Settings
 from llm_gateway.errors import Rejection
 from llm_gateway.exchange import Exchange
 from llm_gateway.http_types import Headers, IncomingRequest
+from llm_gateway.telemetry.metrics_access import local_address
 
 __all__ = ["GatewayHttpProtocol", "server_options"]
 
@@ -393,7 +394,9 @@ class GatewayHttpProtocol(BoundedHead, asyncio.Protocol):
     async def _serve_other(self, request: _Request) -> None:
         """The probes, as the middleware answers them, and the 404."""
         path = request.path
-        answer = await self.middleware.probe(path)
+        answer = await self.middleware.probe(
+            path, local_address(self.transport.get_extra_info("sockname")),
+            next((value for name, value in request.headers if name == "authorization"), None))
         if answer is not None:
             status, body, headers = answer
             self._write(request, status, headers, body)

@@ -1,7 +1,8 @@
 """``llm-gateway sidecar``: mitmproxy, embedded, with the gateway addon; one per pod.
 
-    llm-gateway sidecar [--listen 127.0.0.1:8080] [--admin 127.0.0.1:9090]
-                        [--mode regular|reverse] [--ca-dir DIR] [--ca-bundle-out FILE]
+    llm-gateway sidecar [--listen 127.0.0.1:8080] [--admin 127.0.0.1:9090|off]
+                        [--probe HOST:PORT] [--mode regular|reverse] [--ca-dir DIR]
+                        [--ca-bundle-out FILE]
 
 * ``regular`` (default): an explicit proxy for ``HTTPS_PROXY=http://127.0.0.1:8080``. TLS to
   the LLM hosts is intercepted with the sidecar's CA; every other host is tunnelled
@@ -14,7 +15,10 @@
 
 The addon object is added to this process's own mitmproxy master: there is no ``-s``
 script, whose hot reload would leave a proxy running without the addon when the file
-breaks. The admin address (never the proxy port) serves ``/healthz`` and ``/readyz``.
+breaks. The admin address (never the proxy port; loopback unless told otherwise) serves the
+admin API, the console and the probes; the probe address (``--probe``, for the kubelet and
+Prometheus on a pod's IP) serves ``/healthz``, ``/readyz`` and ``/metrics`` only, the last
+as ``telemetry.metrics_access`` says (a token, or loopback connections).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from llm_gateway.adapters.server import server_config
-from llm_gateway.config import HostPort, Settings, host_port_argument
+from llm_gateway.config import HostPort, Settings, host_port_argument, parse_host_port
 from llm_gateway.engine import Gateway, Readiness
 from llm_gateway.stores import StoreUnavailable
 from llm_gateway.wiring import build_gateway
@@ -52,10 +56,20 @@ MODES = ("regular", "reverse")
 @dataclass(frozen=True, slots=True)
 class SidecarArguments:
     listen: HostPort
-    admin: HostPort
+    admin: HostPort | None  # None: off
     mode: str
     ca_dir: Path | None
     ca_bundle_out: Path | None
+    probe: HostPort | None = None
+
+
+def _admin_argument(text: str) -> HostPort | None:
+    if text.strip().lower() == "off":
+        return None
+    try:
+        return parse_host_port(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, or off") from None
 
 
 def parse_arguments(argv: Sequence[str]) -> SidecarArguments:
@@ -65,8 +79,13 @@ def parse_arguments(argv: Sequence[str]) -> SidecarArguments:
     )
     parser.add_argument("--listen", type=host_port_argument, default=HostPort("127.0.0.1", 8080),
                         metavar="HOST:PORT", help="the proxy (default 127.0.0.1:8080)")
-    parser.add_argument("--admin", type=host_port_argument, default=HostPort("127.0.0.1", 9090),
-                        metavar="HOST:PORT", help="/healthz and /readyz (default 127.0.0.1:9090)")
+    parser.add_argument("--admin", type=_admin_argument, default=HostPort("127.0.0.1", 9090),
+                        metavar="HOST:PORT|off",
+                        help="the admin API, the console and the probes (default "
+                             "127.0.0.1:9090: loopback); off: none")
+    parser.add_argument("--probe", type=host_port_argument, metavar="HOST:PORT",
+                        help="/healthz, /readyz and /metrics only, e.g. 0.0.0.0:9090 for a "
+                             "pod's probes (default: none)")
     parser.add_argument("--mode", choices=MODES, default="regular",
                         help="regular: HTTPS_PROXY; reverse: a plain-HTTP base URL")
     parser.add_argument("--ca-dir", type=Path, metavar="DIR",
@@ -77,22 +96,29 @@ def parse_arguments(argv: Sequence[str]) -> SidecarArguments:
     args = parser.parse_args(list(argv))
     if args.listen == args.admin:
         parser.error("--admin must not be the proxy's address")
-    return SidecarArguments(args.listen, args.admin, args.mode, args.ca_dir, args.ca_bundle_out)
+    if args.probe is not None and args.probe.port in {args.listen.port, *(
+            [args.admin.port] if args.admin else [])}:
+        parser.error("--probe must have a port of its own (not the proxy's or the admin's)")
+    return SidecarArguments(args.listen, args.admin, args.mode, args.ca_dir, args.ca_bundle_out,
+                            args.probe)
 
 
 class AdminListener:
     """The sidecar's admin port: the admin app (``/admin/v1``, the console, ``/healthz``,
-    ``/readyz``, ``/metrics``) on uvicorn, in the sidecar's own event loop."""
+    ``/readyz``, ``/metrics``) on uvicorn, in the sidecar's own event loop; with
+    ``probes_only``, the probe port (the probes alone)."""
 
-    def __init__(self, sidecar: Sidecar) -> None:
+    def __init__(self, sidecar: Sidecar, *, probes_only: bool = False) -> None:
         self._sidecar = sidecar
+        self._probes_only = probes_only
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         from llm_gateway.admin.app import create_admin_app
 
-        app = create_admin_app(self._sidecar.gateway, readiness=self._sidecar.readiness)
+        app = create_admin_app(self._sidecar.gateway, readiness=self._sidecar.readiness,
+                               probes_only=self._probes_only)
         config = server_config(app, HostPort(host, port), self._sidecar.gateway.settings)
         self._server = uvicorn.Server(config)
         self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
@@ -126,6 +152,7 @@ class Sidecar:
         admin: tuple[str, int] | None = ("127.0.0.1", 9090),
         confdir: Path,
         ca_bundle: Path | None = None,
+        probe: tuple[str, int] | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
@@ -134,14 +161,17 @@ class Sidecar:
         self.mode = mode
         self.listen = listen
         self.admin = admin
+        self.probe = probe
         self.confdir = confdir
         self.ca_bundle = ca_bundle
         self.proxy_address: tuple[str, int] | None = None
         self.admin_address: tuple[str, int] | None = None
+        self.probe_address: tuple[str, int] | None = None
         self.started = asyncio.Event()
         self._master: Master | None = None
         self._reverse_server: uvicorn.Server | None = None
         self._admin_server = AdminListener(self)
+        self._probe_server = AdminListener(self, probes_only=True)
 
     async def run(self) -> None:
         """Serve until ``shutdown()``. Exits (SystemExit) if the proxy cannot start."""
@@ -164,18 +194,17 @@ class Sidecar:
         master, proxy_server, startup_check = intercepting_master(
             self.gateway, self.addon, self.listen, self.confdir)
         self._master = master
-        if self.admin is not None:
-            self.admin_address = await self._admin_server.start(*self.admin)
+        await self._start_listeners()
         try:
             runner = asyncio.get_running_loop().create_task(master.run())
             self.proxy_address = await wait_until_started(proxy_server, startup_check, runner)
             self.started.set()
-            log.info("llm-gateway sidecar (%s mode): proxy %s, admin %s",
-                     self.mode, self.proxy_address, self.admin_address)
+            log.info("llm-gateway sidecar (%s mode): proxy %s, admin %s, probe %s",
+                     self.mode, self.proxy_address, self.admin_address, self.probe_address)
             log.info("intercepted hosts: %s", self.gateway.interception.described())
             await runner
         finally:
-            await self._admin_server.close()
+            await self._close_listeners()
             # Client connections still open now are cancelled when the loop ends; on some
             # Python versions the stream callback then logs each cancellation as an error.
             asyncio.get_running_loop().set_exception_handler(_ignore_cancellations)
@@ -205,18 +234,27 @@ class Sidecar:
                 await asyncio.sleep(0.01)
             address = server.servers[0].sockets[0].getsockname()
             self.proxy_address = (address[0], address[1])
-            if self.admin is not None:
-                self.admin_address = await self._admin_server.start(*self.admin)
+            await self._start_listeners()
             self.started.set()
-            log.info("llm-gateway sidecar (reverse mode): proxy %s, admin %s",
-                     self.proxy_address, self.admin_address)
+            log.info("llm-gateway sidecar (reverse mode): proxy %s, admin %s, probe %s",
+                     self.proxy_address, self.admin_address, self.probe_address)
             await runner
         finally:
             server.should_exit = True
-            await self._admin_server.close()
+            await self._close_listeners()
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(runner, 10)
             await self.gateway.close()
+
+    async def _start_listeners(self) -> None:
+        if self.admin is not None:
+            self.admin_address = await self._admin_server.start(*self.admin)
+        if self.probe is not None:
+            self.probe_address = await self._probe_server.start(*self.probe)
+
+    async def _close_listeners(self) -> None:
+        await self._admin_server.close()
+        await self._probe_server.close()
 
     def shutdown(self) -> None:
         """Stop serving; safe to call from any thread."""
@@ -287,6 +325,7 @@ async def _serve(arguments: SidecarArguments, settings: Settings, runtime_dir: P
     sidecar = Sidecar(
         build_gateway(settings), mode=arguments.mode, listen=arguments.listen,
         admin=arguments.admin, confdir=runtime_dir, ca_bundle=arguments.ca_bundle_out,
+        probe=arguments.probe,
     )
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

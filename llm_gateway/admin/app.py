@@ -2,8 +2,10 @@
 console's static files, shipped in the package), and the probes ``/healthz``, ``/readyz``
 and ``/metrics``. Everything else is 404, OpenAI-shaped.
 
-It runs on its own listener (``ADMIN_BIND_ADDR``: ``serve``; the sidecar's admin port),
-never on the public one, so a NetworkPolicy can keep it in the cluster.
+It runs on its own listener (``ADMIN_BIND_ADDR``: ``serve``; the sidecar's admin port, on
+loopback unless told otherwise), never on the public one, so a NetworkPolicy can keep it in
+the cluster. The sidecar's probe port serves the probes of it alone. Who may read
+``/metrics`` is ``telemetry.metrics_access``'s rule, on every listener.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from llm_gateway import errors
 from llm_gateway.admin.api import build_admin_api
 from llm_gateway.asgi_types import Message, Receive, Scope, Send, answer_lifespan, send_body
 from llm_gateway.engine import Gateway, Readiness
+from llm_gateway.telemetry.metrics_access import metrics_refusal
 
 CONSOLE_DIR = Path(__file__).parent / "console"
 _JSON = [("content-type", "application/json")]
@@ -72,13 +75,21 @@ def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
     return wrapped
 
 
+PROBE_PATHS = ("/healthz", "/readyz", "/metrics")
+
+
 class AdminApp:
+    """``probes_only``: a probe port (the sidecar's ``--probe``, reached by the kubelet
+    and Prometheus on the pod IP), answering ``PROBE_PATHS`` and nothing else."""
+
     def __init__(self, gateway: Gateway,
-                 readiness: Callable[[], Awaitable[Readiness]] | None = None) -> None:
+                 readiness: Callable[[], Awaitable[Readiness]] | None = None,
+                 *, probes_only: bool = False) -> None:
         self.gateway = gateway
         self.api = build_admin_api(gateway)
         self.console: Mapping[str, ConsoleFile] = load_console()
         self.readiness = readiness or gateway.readiness
+        self.probes_only = probes_only
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -89,7 +100,10 @@ class AdminApp:
         if scope["type"] != "http":
             return
         path: str = scope["path"]
-        if path == "/admin/v1" or path.startswith("/admin/v1/"):
+        if self.probes_only and path not in PROBE_PATHS:
+            rejection = errors.not_found(scope["method"], path)
+            await send_body(send, rejection.status, rejection.body, rejection.all_headers())
+        elif path == "/admin/v1" or path.startswith("/admin/v1/"):
             await self.api(scope, receive, _with_headers(send, _API_HEADERS))
         elif path == "/admin":
             await send_body(send, 308, b"", [("location", "/admin/")])
@@ -101,6 +115,12 @@ class AdminApp:
             readiness = await self.readiness()
             await send_body(send, 200 if readiness.ready else 503, readiness.body(), _JSON)
         elif path == "/metrics":
+            authorization = dict(scope.get("headers") or ()).get(b"authorization")
+            refused = metrics_refusal(self.gateway.settings, scope.get("server"),
+                                      authorization.decode("latin-1") if authorization else None)
+            if refused is not None:
+                await send_body(send, refused.status, refused.body, refused.all_headers())
+                return
             body, content_type = self.gateway.telemetry.metrics()
             await send_body(send, 200, body, [("content-type", content_type)])
         else:
@@ -133,7 +153,9 @@ class AdminApp:
 
 def create_admin_app(
     gateway: Gateway, *, readiness: Callable[[], Awaitable[Readiness]] | None = None,
+    probes_only: bool = False,
 ) -> AdminApp:
     """The admin listener's ASGI app for ``gateway``. ``readiness`` replaces the gateway's
-    own /readyz answer (the sidecar adds its own conditions)."""
-    return AdminApp(gateway, readiness)
+    own /readyz answer (the sidecar adds its own conditions); ``probes_only``: the probes
+    alone (the sidecar's probe port)."""
+    return AdminApp(gateway, readiness, probes_only=probes_only)

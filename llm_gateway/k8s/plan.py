@@ -29,11 +29,8 @@ from llm_gateway.k8s.settings import (
     CA_BUNDLE_DIR,
     CA_BUNDLE_FILE,
     CA_BUNDLE_VOLUME,
-    CA_DIR,
     CA_SECRET_ANNOTATION,
     CA_VOLUME,
-    CONFIG_DIR,
-    CONFIG_FILE_KEY,
     CONFIG_VOLUME,
     DEFAULT_GATEWAY_KEY_SECRET_KEY,
     GATEWAY_KEY_SECRET_ANNOTATION,
@@ -44,19 +41,17 @@ from llm_gateway.k8s.settings import (
     PROXY_PORT_ANNOTATION,
     RESOURCE_ANNOTATIONS,
     SIDECAR_CONTAINER_NAME,
-    SIDECAR_UID,
-    SPOOL_DIR,
     SPOOL_VOLUME,
     STATUS_ANNOTATION,
     STATUS_INJECTED,
     SYSTEM_NAMESPACES,
     TMP_VOLUME,
     InjectorSettings,
-    copy_resources,
     port_from,
     quantity_value,
     resources_with,
 )
+from llm_gateway.k8s.sidecar_container import sidecar_container
 
 _DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SECRET_KEY_RE = re.compile(r"^[-._a-zA-Z0-9]+$")
@@ -192,7 +187,7 @@ def _injection_patch(
 
     # First init container: every later init container and app container then starts only
     # once the sidecar's startup probe has seen the CA bundle.
-    sidecar = _sidecar_container(pod_settings)
+    sidecar = sidecar_container(pod_settings)
     patch = _add_items("/spec/initContainers", spec.get("initContainers"), [sidecar], at="0")
     patch += _add_items("/spec/volumes", spec.get("volumes"), _pod_volumes(pod_settings))
     app_env = _app_env(pod_settings, no_proxy, gateway_key)
@@ -313,94 +308,6 @@ def _port_warnings(spec: Mapping[str, Any], settings: InjectorSettings) -> list[
                     f"set {annotation} to move the sidecar"
                 )
     return warnings
-
-
-def _sidecar_container(settings: InjectorSettings) -> dict[str, Any]:
-    return {
-        "name": SIDECAR_CONTAINER_NAME,
-        "image": settings.sidecar_image,
-        "imagePullPolicy": settings.image_pull_policy,
-        "restartPolicy": "Always",
-        "args": [
-            "sidecar",
-            "--listen",
-            f"127.0.0.1:{settings.proxy_port}",
-            # Probes come from the kubelet to the pod IP, so the admin port cannot be loopback.
-            "--admin",
-            f"0.0.0.0:{settings.admin_port}",
-            "--ca-dir",
-            CA_DIR,
-            "--ca-bundle-out",
-            CA_BUNDLE_FILE,
-        ],
-        "env": _sidecar_env(settings),
-        "envFrom": [
-            {"secretRef": {"name": settings.provider_secret}},
-            {"secretRef": {"name": settings.datastore_secret}},
-        ],
-        **_sidecar_probes(settings.admin_port),
-        "resources": copy_resources(settings.sidecar_resources),
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": SIDECAR_UID,
-            "runAsGroup": SIDECAR_UID,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "volumeMounts": _sidecar_mounts(settings),
-    }
-
-
-def _sidecar_env(settings: InjectorSettings) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        {"name": "OTEL_SERVICE_NAME", "value": SIDECAR_CONTAINER_NAME},
-        {
-            "name": "OTEL_RESOURCE_ATTRIBUTES",
-            "value": "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)",
-        },
-        # The root file system is read-only; libraries that write under $HOME get /tmp.
-        {"name": "HOME", "value": "/tmp"},
-        {"name": "USAGE_SPOOL_DIR", "value": SPOOL_DIR},
-    ]
-    if settings.config_map:
-        env.append({"name": "LLM_GATEWAY_CONFIG", "value": f"{CONFIG_DIR}/{CONFIG_FILE_KEY}"})
-    return env
-
-
-def _sidecar_mounts(settings: InjectorSettings) -> list[dict[str, Any]]:
-    mounts: list[dict[str, Any]] = [
-        {"name": CA_VOLUME, "mountPath": CA_DIR, "readOnly": bool(settings.ca_secret)},
-        {"name": CA_BUNDLE_VOLUME, "mountPath": CA_BUNDLE_DIR},
-        {"name": TMP_VOLUME, "mountPath": "/tmp"},
-        {"name": SPOOL_VOLUME, "mountPath": SPOOL_DIR},
-    ]
-    if settings.config_map:
-        mounts.append({"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True})
-    return mounts
-
-
-def _sidecar_probes(admin_port: int) -> dict[str, Any]:
-    admin_probe = {"path": "/readyz", "port": admin_port}
-    return {
-        # /readyz answers only once the CA bundle exists: until then no other container starts.
-        "startupProbe": {
-            "httpGet": admin_probe,
-            "periodSeconds": 1,
-            "timeoutSeconds": 1,
-            "failureThreshold": 120,
-        },
-        "readinessProbe": {"httpGet": admin_probe, "periodSeconds": 10, "timeoutSeconds": 2},
-        "livenessProbe": {
-            "httpGet": {"path": "/healthz", "port": admin_port},
-            "periodSeconds": 10,
-            "timeoutSeconds": 2,
-            "failureThreshold": 3,
-        },
-    }
 
 
 def _pod_volumes(settings: InjectorSettings) -> list[dict[str, Any]]:

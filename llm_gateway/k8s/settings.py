@@ -86,6 +86,8 @@ class InjectorSettings:
     own_namespace: str = "llm-gateway"
     provider_secret: str = "llm-gateway-provider"
     datastore_secret: str = "llm-gateway-datastores"
+    # METRICS_TOKEN for the sidecar's /metrics (an optional reference; empty: none).
+    metrics_secret: str = "llm-gateway-metrics"
     # Empty: no gateway YAML is mounted and the sidecar runs on environment settings alone.
     config_map: str = "llm-gateway-config"
     # Empty: every pod gets a fresh CA in an emptyDir; otherwise the named Secret (for example
@@ -117,6 +119,7 @@ class InjectorSettings:
             own_namespace=env.get("POD_NAMESPACE", defaults.own_namespace),
             provider_secret=env.get("LLM_GATEWAY_PROVIDER_SECRET", defaults.provider_secret),
             datastore_secret=env.get("LLM_GATEWAY_DATASTORE_SECRET", defaults.datastore_secret),
+            metrics_secret=env.get("LLM_GATEWAY_METRICS_SECRET", defaults.metrics_secret),
             config_map=env.get("LLM_GATEWAY_CONFIG_MAP", defaults.config_map),
             ca_secret=env.get("LLM_GATEWAY_CA_SECRET", defaults.ca_secret),
             proxy_port=port_from(env, "LLM_GATEWAY_SIDECAR_PROXY_PORT", defaults.proxy_port),
