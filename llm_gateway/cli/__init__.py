@@ -19,7 +19,8 @@ COMMAND_GROUPS = (run, demo, keys, admin, billing, usage, reconcile, providers, 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="llm-gateway", description="An OpenAI-compatible LLM gateway."
+        prog="llm-gateway", description="An OpenAI-compatible LLM gateway.",
+        formatter_class=ShowDefaults,
     )
     parser.add_argument("--config", metavar="FILE",
                         help="YAML settings file (or LLM_GATEWAY_CONFIG); the environment wins")
@@ -27,19 +28,32 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     for group in COMMAND_GROUPS:
         group.register(commands)
-    _accept_config_anywhere(commands)
+    _finish_commands(commands)
     return parser
 
 
-def _accept_config_anywhere(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """``--config`` after a subcommand too (``serve --config FILE``), as users write it;
-    SUPPRESS: where it is not given, the value before the subcommand stands."""
+class ShowDefaults(argparse.HelpFormatter):
+    """Each option's help ends with its default, where it has one worth saying."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (action.default not in (None, False, "", [], argparse.SUPPRESS)
+                and "default" not in text and action.option_strings):
+            text += " (default: %(default)s)"
+        return text
+
+
+def _finish_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Every command's help shows defaults, and takes ``--config`` after the subcommand
+    too (``serve --config FILE``), as users write it; SUPPRESS: where it is not given
+    there, the value before the subcommand stands."""
     for command in set(commands.choices.values()):
+        command.formatter_class = ShowDefaults
         command.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
                              help="YAML settings file (as before the subcommand)")
         for action in command._actions:
             if isinstance(action, argparse._SubParsersAction):
-                _accept_config_anywhere(action)
+                _finish_commands(action)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

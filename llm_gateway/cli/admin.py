@@ -52,20 +52,21 @@ def register(commands: Any) -> None:
         dest="admin_tokens_command", required=True)
     create = tokens.add_parser("create", help="create an admin token and print it once")
     create.add_argument("--name", required=True, help="who holds it (the audit log says so)")
-    create.add_argument("--json", action="store_true")
+    create.add_argument("--json", action="store_true", help="print JSON instead of a table")
     create.set_defaults(handler=cmd_tokens_create)
     listing = tokens.add_parser("list", help="list admin tokens (prefixes only)")
-    listing.add_argument("--json", action="store_true")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
     listing.set_defaults(handler=cmd_tokens_list)
     revoke = tokens.add_parser("revoke", help="revoke an admin token")
-    revoke.add_argument("token", metavar="PREFIX|ID")
+    revoke.add_argument("token", metavar="PREFIX|ID",
+                        help="the admin token's prefix (as `admin-tokens list` shows it) or id")
     revoke.set_defaults(handler=cmd_tokens_revoke)
 
     audit = commands.add_parser("audit", help="the audit log").add_subparsers(
         dest="audit_command", required=True)
     audit_list = audit.add_parser("list", help="audit events, newest first")
-    audit_list.add_argument("--limit", type=int, default=50)
-    audit_list.add_argument("--json", action="store_true")
+    audit_list.add_argument("--limit", type=int, default=50, help="how many events")
+    audit_list.add_argument("--json", action="store_true", help="print JSON instead of a table")
     audit_list.set_defaults(handler=cmd_audit_list)
 
 

@@ -50,11 +50,19 @@ _OPTIONAL_RATE_OPTIONS = {
 }
 
 
+_BUDGET_HELP = {
+    "daily_usd": "USD a day (UTC)", "monthly_usd": "USD a calendar month (UTC)",
+    "daily_tokens": "tokens a day (UTC)", "monthly_tokens": "tokens a calendar month (UTC)",
+    "tokens_per_minute": "tokens a minute, as a bucket refilled continuously",
+    "max_output_tokens": "the largest max_tokens one request may ask for (see --over-cap)",
+}
+
 def register(commands: Any) -> None:
     prices = commands.add_parser("prices", help="model prices (USD per million tokens)")
     prices_commands = prices.add_subparsers(dest="prices_command", required=True)
     set_price = prices_commands.add_parser("set", help="set a model's price from a moment on")
-    set_price.add_argument("--provider", required=True)
+    set_price.add_argument("--provider", required=True,
+                           help="the provider the price is for (as `providers list` names it)")
     set_price.add_argument("--model", required=True, help="the provider's model name")
     set_price.add_argument("--input", required=True, metavar="USD", help="per million tokens")
     set_price.add_argument("--output", required=True, metavar="USD", help="per million tokens")
@@ -66,7 +74,7 @@ def register(commands: Any) -> None:
                            help="when it takes effect (default: now)")
     set_price.set_defaults(handler=cmd_prices_set)
     list_prices = prices_commands.add_parser("list", help="every price")
-    list_prices.add_argument("--json", action="store_true")
+    list_prices.add_argument("--json", action="store_true", help="print JSON instead of a table")
     list_prices.add_argument("--unpriced", action="store_true",
                              help="instead: every routed model without a price in force")
     list_prices.set_defaults(handler=cmd_prices_list)
@@ -84,23 +92,24 @@ def register(commands: Any) -> None:
     _scope_options(set_budget, required=True)
     for name in (*_USD_OPTIONS, *_COUNT_OPTIONS):
         set_budget.add_argument(f"--{name.replace('_', '-')}", dest=name,
-                                metavar="USD" if name in _USD_OPTIONS else "N")
+                                metavar="USD" if name in _USD_OPTIONS else "N",
+                                help=_BUDGET_HELP[name])
     set_budget.add_argument("--over-cap", choices=["clamp", "reject"],
                             help="a max_tokens above the cap: lowered, or refused with 400")
     set_budget.add_argument("--stop-streams-at-budget", action=argparse.BooleanOptionalAction,
                             help="end a stream whose spend reaches the budget")
-    set_budget.add_argument("--json", action="store_true")
+    set_budget.add_argument("--json", action="store_true", help="print JSON instead of a table")
     set_budget.set_defaults(handler=cmd_budgets_set)
     show = budgets_commands.add_parser("show", help="one budget, or all with their spend")
     _scope_options(show, required=False)
-    show.add_argument("--json", action="store_true")
+    show.add_argument("--json", action="store_true", help="print JSON instead of a table")
     show.set_defaults(handler=cmd_budgets_show)
 
 
 def _scope_options(parser: argparse.ArgumentParser, *, required: bool) -> None:
     scope = parser.add_mutually_exclusive_group(required=required)
-    scope.add_argument("--key", metavar="PREFIX|ID")
-    scope.add_argument("--subject", metavar="ID")
+    scope.add_argument("--key", metavar="PREFIX|ID", help="a gateway key, by prefix or id")
+    scope.add_argument("--subject", metavar="ID", help="a subject (a team or user), by id")
 
 
 def _scope(args: argparse.Namespace) -> tuple[BudgetScope, str]:

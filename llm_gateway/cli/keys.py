@@ -22,47 +22,49 @@ from llm_gateway.keys import (
 )
 from llm_gateway.stores import Store
 
+KEY_HELP = "the key's prefix (as `keys list` shows it) or id"
 
 def register(commands: Any) -> None:
     keys = commands.add_parser("keys", help="manage gateway keys").add_subparsers(
         dest="keys_command", required=True)
     create = keys.add_parser("create", help="create a key and print it once")
-    create.add_argument("--name", required=True)
+    create.add_argument("--name", required=True, help="what the key is for (shown in lists)")
     create.add_argument("--subject", help="who the key belongs to (default: its name)")
     create.add_argument("--rate-limit", default="{}/{}".format(*DEFAULT_RATE_LIMIT),
-                        metavar="N/SECONDS")
+                        metavar="N/SECONDS", help="at most N requests per SECONDS")
     create.add_argument("--burst", metavar="N", help=_BURST_HELP)
     create.add_argument("--models", help="comma-separated allowed models (default: all)")
     create.add_argument("--expires-in", metavar="DURATION", help="e.g. 30d, 12h")
-    create.add_argument("--json", action="store_true")
+    create.add_argument("--json", action="store_true", help="print JSON instead of a table")
     create.set_defaults(handler=cmd_keys_create)
     listing = keys.add_parser("list", help="list keys (prefixes only, never keys)")
-    listing.add_argument("--json", action="store_true")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
     listing.set_defaults(handler=cmd_keys_list)
     show = keys.add_parser("show", help="one key's settings and state")
-    show.add_argument("key", metavar="PREFIX|ID")
-    show.add_argument("--json", action="store_true")
+    show.add_argument("key", metavar="PREFIX|ID", help=KEY_HELP)
+    show.add_argument("--json", action="store_true", help="print JSON instead of a table")
     show.set_defaults(handler=cmd_keys_show)
     _register_update(keys)
     for name, help_text in (("disable", "refuse a key until it is enabled again"),
                             ("enable", "accept a disabled key again (never a revoked one)"),
                             ("revoke", "revoke a key")):
         command = keys.add_parser(name, help=help_text)
-        command.add_argument("key", metavar="PREFIX|ID")
+        command.add_argument("key", metavar="PREFIX|ID", help=KEY_HELP)
         command.set_defaults(handler=_STATE_COMMANDS[name])
     rotate = keys.add_parser("rotate", help="issue a new key and revoke the old one")
-    rotate.add_argument("key", metavar="PREFIX|ID")
-    rotate.add_argument("--json", action="store_true")
+    rotate.add_argument("key", metavar="PREFIX|ID", help=KEY_HELP)
+    rotate.add_argument("--json", action="store_true", help="print JSON instead of a table")
     rotate.set_defaults(handler=cmd_keys_rotate)
 
 
 def _register_update(keys: Any) -> None:
     update = keys.add_parser("update", help="change a key's name, subject, limit, models "
                                             "or expiry")
-    update.add_argument("key", metavar="PREFIX|ID")
-    update.add_argument("--name")
-    update.add_argument("--subject")
-    update.add_argument("--rate-limit", metavar="N/SECONDS")
+    update.add_argument("key", metavar="PREFIX|ID", help=KEY_HELP)
+    update.add_argument("--name", help="a new name")
+    update.add_argument("--subject", help="a new subject (team or user) id")
+    update.add_argument("--rate-limit", metavar="N/SECONDS",
+                        help="a new request limit: N requests per SECONDS")
     burst = update.add_mutually_exclusive_group()
     burst.add_argument("--burst", metavar="N", help=_BURST_HELP)
     burst.add_argument("--no-burst", action="store_true", help="burst = the limit again")
@@ -71,8 +73,8 @@ def _register_update(keys: Any) -> None:
     models.add_argument("--all-models", action="store_true", help="allow every model")
     expiry = update.add_mutually_exclusive_group()
     expiry.add_argument("--expires-in", metavar="DURATION", help="from now, e.g. 30d")
-    expiry.add_argument("--no-expiry", action="store_true")
-    update.add_argument("--json", action="store_true")
+    expiry.add_argument("--no-expiry", action="store_true", help="the key no longer expires")
+    update.add_argument("--json", action="store_true", help="print JSON instead of a table")
     update.set_defaults(handler=cmd_keys_update)
 
 

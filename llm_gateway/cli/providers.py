@@ -19,7 +19,7 @@ def register(commands: Any) -> None:
     set_key.add_argument("name", metavar="NAME", help="the provider, as named in the routes")
     set_key.set_defaults(handler=cmd_set_key)
     listing = sub.add_parser("list", help="stored provider keys, masked")
-    listing.add_argument("--json", action="store_true")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
     listing.set_defaults(handler=cmd_list)
 
 

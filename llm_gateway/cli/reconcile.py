@@ -47,7 +47,8 @@ def register(commands: Any) -> None:
                          help="first UTC day (default: yesterday)")
     command.add_argument("--until", metavar="YYYY-MM-DD",
                          help="UTC day it ends before (default: today)")
-    command.add_argument("--format", choices=("table", "json"), default="table")
+    command.add_argument("--format", choices=("table", "json"), default="table",
+                         help="a table for people, JSON lines for programs")
     command.add_argument("--tolerance", default="0.5%",
                          help="largest relative drift that reconciles: 0.5%% or 0.005 "
                               "(default 0.5%%)")

@@ -30,7 +30,7 @@ def register(commands: Any) -> None:
     routes = commands.add_parser("routes", help="the routes in force").add_subparsers(
         dest="routes_command", required=True)
     show = routes.add_parser("show", help="providers, aliases, targets and their health")
-    show.add_argument("--json", action="store_true")
+    show.add_argument("--json", action="store_true", help="print JSON instead of a table")
     show.set_defaults(handler=cmd_routes_show)
 
 

@@ -29,12 +29,16 @@ def register(commands: Any) -> None:
         handler=cmd_migrate)
 
     fake = commands.add_parser("fake-upstream", help="run the bundled fake OpenAI/Venice server")
-    fake.add_argument("--listen", type=host_port_argument, default="127.0.0.1:3001")
-    fake.add_argument("--api-key", default="sk-fake-upstream")
+    fake.add_argument("--listen", type=host_port_argument, default="127.0.0.1:3002",
+                      help="where it listens (point VENICE_BASE_URL at http://HOST:PORT/api/v1; "
+                           "not 3001, serve's admin port)")
+    fake.add_argument("--api-key", default="sk-fake-upstream",
+                      help="the provider key it accepts (VENICE_API_KEY of the gateway)")
     fake.add_argument("--chunk-delay", type=float, default=0.0, help="seconds between chunks")
-    fake.add_argument("--chunks", type=int, default=8)
+    fake.add_argument("--chunks", type=int, default=8, help="chunks in each streamed answer")
     fake.add_argument("--usage-mode", choices=["venice", "openai", "anthropic", "gemini"],
-                      default="venice")
+                      default="venice", help="which provider it imitates (its usage, errors "
+                                             "and API)")
     fake.add_argument("--auth-header", default="authorization",
                       help="where the fake expects its key: authorization (Bearer) or a header")
     _fake_billing_options(fake)

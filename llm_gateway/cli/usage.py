@@ -28,7 +28,8 @@ def register(commands: Any) -> None:
                         "tag:feature groups by the value of the tag feature)")
     report.add_argument("--since", help="ISO 8601 date or time (UTC), or a duration ago: 7d")
     report.add_argument("--until", help="ISO 8601 date or time (UTC), or a duration ago")
-    report.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    report.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                        help="how to print the rows")
     report.set_defaults(handler=cmd_usage_report)
     refusals = usage.add_parser(
         "refusals", help="requests refused before admission, by status and code")
@@ -36,17 +37,20 @@ def register(commands: Any) -> None:
                           help=f"also by some of {', '.join(REFUSAL_GROUPS)} (comma-separated)")
     refusals.add_argument("--since", help="ISO 8601 date or time (UTC), or a duration ago: 7d")
     refusals.add_argument("--until", help="ISO 8601 date or time (UTC), or a duration ago")
-    refusals.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    refusals.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                          help="how to print the rows")
     refusals.set_defaults(handler=cmd_usage_refusals)
     show = usage.add_parser(
         "show", help="one request's record(s), by its x-request-id or x-trace-id")
     show.add_argument("request_id", metavar="REQUEST_ID",
                       help="the x-request-id or x-trace-id the client got")
-    show.add_argument("--format", choices=("table", "json"), default="table")
+    show.add_argument("--format", choices=("table", "json"), default="table",
+                      help="how to print the request")
     show.set_defaults(handler=cmd_usage_show)
     partitions = usage.add_parser(
         "partitions", help="Postgres: create day partitions ahead, drop those past retention")
-    partitions.add_argument("--ahead", type=int, default=7, metavar="DAYS")
+    partitions.add_argument("--ahead", type=int, default=7, metavar="DAYS",
+                            help="create the partitions of this many days ahead")
     partitions.set_defaults(handler=cmd_usage_partitions)
 
 
