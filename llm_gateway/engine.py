@@ -55,7 +55,7 @@ from llm_gateway.http_types import (
 )
 from llm_gateway.interception import Interception
 from llm_gateway.keys import KeyRecord
-from llm_gateway.limits import Guard, LimitDecision, LimiterUnavailable, RateLimiter
+from llm_gateway.limits import Guard, LimitDecision, LimiterUnavailable, RateLimiter, request_burst
 from llm_gateway.protocols import (
     RESOURCE,
     Endpoint,
@@ -394,9 +394,10 @@ class Gateway:
         table = self.router.table
         guard = Guard(failed_requests_bucket(key.id), table.failed_requests_limit,
                       table.failed_requests_window_seconds)
+        burst = request_burst(self.settings.rate_limit_algorithm, key)  # None: fixed window
         try:
             limit = await self.limiter.take(key.id, key.rate_limit_requests,
-                                            key.rate_limit_window_seconds, guard=guard)
+                                            key.rate_limit_window_seconds, guard=guard, burst=burst)
         except LimiterUnavailable:  # only under fail-closed: fail-open never raises
             return errors.rate_limiter_unavailable()
         if limit.guarded:

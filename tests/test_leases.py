@@ -31,7 +31,7 @@ from llm_gateway.billing.ledger_postgres import PostgresLedger
 from llm_gateway.billing.ledger_redis import RedisLedger
 from llm_gateway.billing.model import BudgetScope
 from llm_gateway.billing.quotas import usd_units
-from llm_gateway.config import FailurePolicy
+from llm_gateway.config import FailurePolicy, RateLimitAlgorithm
 from llm_gateway.leases import FIRST, FLOOR, LEASE_AFTER, SHARE, LeaseBook, lease_size
 from llm_gateway.limits import (
     Granted,
@@ -570,8 +570,11 @@ def test_serve_on_leases_asks_redis_for_few_requests_and_books_every_one(
     requests = 400
     with private_redis(tmp_path) as server:
         client = redis.Redis.from_url(server.url)
+        # The fixed window's count is what is held to the requests below (the bucket's
+        # form: tests/test_token_bucket.py).
         settings = make_settings(tmp_path, fake_url, redis_url=server.url,
-                                 redis_namespace="leases")
+                                 redis_namespace="leases",
+                                 rate_limit_algorithm=RateLimitAlgorithm.FIXED_WINDOW)
         record, key = create_key(settings.database_url, rate_limit_requests=10**6,
                                  rate_limit_window_seconds=3600)
         set_price(settings.database_url, "venice", "llama-3.3-70b", "0.70", "2.80")
@@ -615,9 +618,10 @@ def test_four_replicas_on_leases_book_every_request_and_every_cent(
     tmp_path: Path, fake_url: str, postgres_url: str, redis_url: str,
 ) -> None:
     """Four `serve` processes sharing Postgres and Redis, a busy key with a rate limit of
-    3 000 and a daily budget: 4 000 requests at once over them admit no more than the limit;
-    stopped, Redis holds exactly what was admitted and spent; the rest of the limit is
-    there to the request."""
+    3 000 (a fixed window: the bucket's form is in tests/test_token_bucket.py) and a daily
+    budget: 4 000 requests at once over them admit no more than the limit; stopped, Redis
+    holds exactly what was admitted and spent; the rest of the limit is there to the
+    request."""
     # A window that ended during the burst would admit up to the limit again (a CI run
     # once crossed the hour with 3 600 and admitted 4 000).
     limit, window = 3000, roomy_window(margin=600)
@@ -628,7 +632,7 @@ def test_four_replicas_on_leases_book_every_request_and_every_cent(
     namespace = f"leases-{time.monotonic_ns()}"
     env = {"DATABASE_URL": postgres_url, "REDIS_URL": redis_url, "REDIS_NAMESPACE": namespace,
            "VENICE_API_KEY": "sk-fake-upstream", "VENICE_BASE_URL": fake_url,
-           "ADMIN_BIND_ADDR": "off", "ACCESS_LOG": "off",
+           "ADMIN_BIND_ADDR": "off", "ACCESS_LOG": "off", "RATE_LIMIT_ALGORITHM": "fixed-window",
            "USAGE_SPOOL_DIR": str(tmp_path / "spool")}
     body = {"model": "llama-3.3-70b", "max_tokens": 64,
             "messages": [{"role": "user", "content": "Hello"}]}

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from llm_gateway.billing.metering import UsageRecord
+from llm_gateway.config import RateLimitAlgorithm
 from llm_gateway.keys import KeyRecord, key_prefix, new_key_record
 from llm_gateway.stores import StoreUnavailable, open_store
 from llm_gateway.stores.migrations import MIGRATIONS
@@ -234,7 +235,9 @@ def test_gateway_survives_the_database_dropping_every_connection(  # type: ignor
     connection dies at once. Key lookups retry on a fresh connection; the limiter
     answers from process memory for the request that found out (fail-open), then is
     back on Postgres: no restart."""
-    gw = start_gateway(database_url=postgres_url, redis_url=None)  # the Postgres limiter
+    # The Postgres limiter, on fixed windows (its window's row is read below).
+    gw = start_gateway(database_url=postgres_url, redis_url=None,
+                       rate_limit_algorithm=RateLimitAlgorithm.FIXED_WINDOW)
     key = gw.key(rate_limit_requests=50, rate_limit_window_seconds=3600)
     headers = {"authorization": f"Bearer {key}"}
 

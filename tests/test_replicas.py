@@ -93,7 +93,10 @@ def test_four_replicas_admit_exactly_the_limit(
     window = roomy_window(server_now(backend, shared_database))
     _, key = create_key(shared_database, name=f"burst-{backend}",
                              rate_limit_requests=100, rate_limit_window_seconds=window)
-    env = replica_env(fake_server[1], shared_database, redis_url)
+    # The fixed window's form (retry after the window's end); the token bucket's, the
+    # default, is tests/test_token_bucket.py's test_four_replicas_admit_exactly_the_burst.
+    env = replica_env(fake_server[1], shared_database, redis_url,
+                      RATE_LIMIT_ALGORITHM="fixed-window")
     with gateway_processes(env, 4) as replicas:
         for replica in replicas:  # each names the limiter it uses
             checks = httpx.get(replica.url + "/readyz").json()["checks"]
@@ -179,12 +182,14 @@ def wait_for(condition, timeout: float = 10) -> float:  # type: ignore[no-untype
 def outage_replicas(
     tmp_path: Path, fake_server: tuple[FakeUpstream, str]
 ) -> Iterator[tuple[object, GatewayProcess, GatewayProcess, str, str]]:
-    """A private Redis, and two replicas sharing it: one fail-open, one fail-closed."""
+    """A private Redis, and two replicas sharing it: one fail-open, one fail-closed (on
+    fixed windows: the test reads the window's count in Redis)."""
     database_url = f"sqlite:///{tmp_path / 'gateway.db'}"
     record, key = create_key(database_url, rate_limit_requests=1000,
                              rate_limit_window_seconds=3600)
     with private_redis(tmp_path) as server:
-        base = replica_env(fake_server[1], database_url, server.url)
+        base = replica_env(fake_server[1], database_url, server.url,
+                           RATE_LIMIT_ALGORITHM="fixed-window")
         with gateway_processes({**base, "RATE_LIMIT_FAILURE_POLICY": "fail-open"}, 1) as (
             open_replica,
         ), gateway_processes({**base, "RATE_LIMIT_FAILURE_POLICY": "fail-closed"}, 1) as (
