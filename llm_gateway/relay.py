@@ -324,14 +324,15 @@ class Relay:
 
 def _relayed(exchange: Exchange, frames: list[bytes], ceiling: int) -> bytes:
     """What the client gets of these whole frames; once the output relayed passes
-    ``ceiling`` characters, the gateway's end at the cap instead of the rest."""
+    ``ceiling`` characters, the gateway's end at the cap instead of the rest (unless the
+    stream has ended already, or failed in band)."""
     facts = exchange.facts
     assert facts is not None  # a stream's observer
     kept = []
     for frame in frames:
         if (out := exchange.on_frame(frame)) is not None:
             kept.append(out)
-        if facts.text_chars > ceiling and not facts.done:
+        if facts.text_chars > ceiling and not facts.done and facts.error is None:
             kept.append(_end_at_cap(exchange))
             break
     return kept[0] if len(kept) == 1 else b"".join(kept)

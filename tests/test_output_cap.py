@@ -26,7 +26,7 @@ from llm_gateway.engine import Gateway
 from llm_gateway.testing.fake_faults import Fault
 from llm_gateway.testing.fake_upstream import FakeUpstream, fake_reply_chunk, fake_reply_text
 from llm_gateway.testing.records import RecordedUsage
-from llm_gateway.tokens import estimate_text, stream_output_ceiling
+from llm_gateway.tokens import estimate_text, far_over_cap, stream_output_ceiling
 from tests.agent_support import (  # noqa: F401 (fixtures)
     AgentSurface,
     agent_surface,
@@ -173,6 +173,11 @@ def test_a_json_answer_far_above_its_cap_is_flagged_and_counted(
     assert counted == 1
 
 
+def test_the_slack_is_a_quarter_and_32_tokens_and_far_is_twice_and_64() -> None:
+    assert [stream_output_ceiling(cap) for cap in (1, 20, 100, 4096)] == [33, 57, 157, 5152]
+    assert not far_over_cap(10, 84) and far_over_cap(10, 85)
+
+
 # ---- each protocol's end, native and translated ------------------------------------------
 
 
@@ -222,8 +227,10 @@ def test_a_messages_caller_gets_stop_reason_max_tokens(
     with on.anthropic(on.key()).messages.stream(
             model=alias, max_tokens=CAP, extra_headers=LONG,
             messages=[{"role": "user", "content": "Hi"}]) as stream:
-        text = "".join(stream.text_stream)
+        kinds = [event.type for event in stream]
         final = stream.get_final_message()
+    text = "".join(block.text for block in final.content if block.type == "text")
+    assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
     assert final.stop_reason == "max_tokens"
     assert estimate_text(text) <= stream_output_ceiling(CAP) + CHUNK_TOKENS
     assert final.usage.output_tokens == _record(on).completion_tokens
