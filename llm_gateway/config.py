@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 import yaml
 
 from llm_gateway.known_hosts import KnownHostsChange, parse_change
+from llm_gateway.redis_urls import SCHEMES as REDIS_SCHEMES
+from llm_gateway.redis_urls import masked, parse_redis_url
 
 
 class ConfigError(Exception):
@@ -307,13 +309,24 @@ def _url(*schemes: str) -> Parser:
     def parse(raw: Any) -> str:
         text = str(raw)
         parts = urlsplit(text)
-        # sqlite:///file and unix:///socket name a path, not a host.
+        # sqlite:///file and unix:///socket name a path, not a host; postgresql:///db may
+        # name its hosts in the query (?host=a,b&port=...: libpq's multi-host form).
         where = parts.path if parts.scheme in ("sqlite", "unix") else parts.netloc
+        if parts.scheme.startswith("postgres") and "host=" in parts.query:
+            where = where or parts.query
         if parts.scheme not in schemes or (parts.scheme != "sqlite" and not where):
-            raise ValueError(f"expected a {' or '.join(schemes)} URL, got {text!r}")
+            raise ValueError(f"expected a {' or '.join(schemes)} URL, got {masked(text)!r}")
         return text.rstrip("/") if parts.scheme in ("http", "https") else text
 
     return parse
+
+
+@_accepts(" or ".join(f"{scheme}://" for scheme in REDIS_SCHEMES) + " URL")
+def _redis_url(raw: Any) -> str:
+    """One server, a Sentinel-managed primary or a Cluster (llm_gateway.redis_urls: the
+    one reading of the forms; its errors mask the password)."""
+    parse_redis_url(str(raw))
+    return str(raw)
 
 
 def _integer(minimum: int, maximum: int | None = None) -> Parser:
@@ -520,9 +533,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("DATABASE_URL", "database_url", _url("sqlite", "postgresql", "postgres"),
              meaning="keys, usage records, prices, budgets, admin route changes, stored provider"
              " keys and the audit log; `postgresql://…` for state shared by replicas"),
-    Variable("REDIS_URL", "redis_url", _url("redis", "rediss", "unix"), blank_is_unset=True,
-             meaning="rate limits, budget counters and passive health shared by replicas; unset:"
-             " each process keeps its own"),
+    Variable("REDIS_URL", "redis_url", _redis_url, blank_is_unset=True,
+             meaning="rate limits, budget counters and passive health shared by replicas"
+             " (`redis+sentinel://host:26379,host2:26379/service_name` for a Sentinel-managed"
+             " primary, `redis+cluster://host:port,...` for a Cluster); unset: each process"
+             " keeps its own"),
     Variable("REDIS_NAMESPACE", "redis_namespace", _text, blank_is_unset=True,
              meaning="prefix of every Redis key the gateway writes: deployments sharing one Redis"
              " keep apart by it"),

@@ -1,22 +1,14 @@
-"""Lua scripts on Redis, on the request path: one pipelined connection, no pool.
+"""One pipelined connection to one Redis server (``Node``), for Lua scripts on the request
+path: frames out in call order, replies matched to callers in the same order.
 
-The limiter takes, and the budget ledger reserves and settles, with one script call per
-request each. Through redis-py's asyncio client a call costs about 135 µs of CPU on the
-gateway's loop (a pooled connection checked out and back, a timeout context, a retry
-wrapper, generic command packing and parsing): more than all of the engine's own work for
-that request. This client only writes EVALSHA frames (packed by hiredis, the parser
-redis-py uses too) on one connection and matches replies to callers in order, so a call
-costs about the round trip's loop wake-up (measured: 26 µs of CPU under uvloop), and
-concurrent calls share a write and a read. redis-py stays for everything off the request
-path (shared health, tests, the CLI) and as the vocabulary of errors: callers catch
-``redis.exceptions`` as before.
-
-One connection suffices: Redis runs commands one at a time anyway, and a pipelined
-connection carries well over 100 000 calls a second. It is opened at the first call and
-again after it breaks; while calls wait on it, no reply for ``reply_timeout`` drops it
-(every call waiting on it fails: Redis is not answering). A call that finds its connection
-already gone is tried once more on a new one (a Redis restart closes the old one); a call
-whose connection breaks after it was written is not (the script may have run).
+One connection per server suffices: Redis runs commands one at a time anyway, and a
+pipelined connection carries well over 100 000 calls a second. It is opened at the first
+call and again after it breaks; while calls wait on it, no reply for ``reply_timeout``
+drops it (every call waiting on it fails: Redis is not answering). A call that finds its
+connection already gone is tried once more on a new one (a Redis restart closes the old
+one); a call whose connection breaks after it was written is not (the script may have
+run). Failing to open a connection raises ``NotConnected``: nothing was sent, so a caller
+that knows another server (a Cluster's new slot owner) may send it there.
 """
 
 from __future__ import annotations
@@ -25,11 +17,12 @@ import asyncio
 import collections
 import hashlib
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import hiredis
-from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
+from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -38,6 +31,19 @@ CONNECT_TIMEOUT_SECONDS = 1.0
 # A busy replica's event loop can leave a reply unread for a good part of a second; a
 # shorter timeout would wrongly declare Redis down.
 REPLY_TIMEOUT_SECONDS = 2.0
+
+Address = tuple[str, int]
+# Where the node is now (a Sentinel's answer), asked at every (re)connection.
+Locate = Callable[[], Awaitable[Address]]
+
+
+class NotConnected(RedisConnectionError):
+    """No connection could be opened: nothing was sent, the call may go elsewhere."""
+
+
+def reply_error(reply: Any, *prefixes: str) -> bool:
+    """Whether ``reply`` is an error reply starting with one of ``prefixes``."""
+    return isinstance(reply, ResponseError) and str(reply).startswith(prefixes)
 
 
 @dataclass(frozen=True)
@@ -152,50 +158,70 @@ class _Pipe(asyncio.Protocol):
             self._transport.abort()  # connection_lost follows, on the loop
 
 
-class RedisScripts:
-    """Runs scripts on the Redis at ``url`` (``redis://``, ``rediss://`` or ``unix://``,
-    with the user, password and database they name)."""
 
-    def __init__(self, url: str, *, connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
-                 reply_timeout: float = REPLY_TIMEOUT_SECONDS) -> None:
-        self._options = parse_url(url)
+
+ASKING = hiredis.pack_command(("ASKING",))
+
+
+class Node:
+    """The connection to one server (``options``: redis-py's parse_url keys; ``locate``,
+    when given, says where the server is each time a connection is opened), and the
+    scripts it has loaded. ``primary_only``: a server that is not a primary (a Sentinel's
+    stale answer, a primary since demoted) is refused at the handshake."""
+
+    def __init__(self, options: dict[str, Any], locate: Locate | None = None, *,
+                 connect_timeout: float = CONNECT_TIMEOUT_SECONDS,
+                 reply_timeout: float = REPLY_TIMEOUT_SECONDS, primary_only: bool = False,
+                 on_load: Callable[[], None] = lambda: None) -> None:
+        self._options = options
+        self._locate = locate
         self._connect_timeout = connect_timeout
         self._reply_timeout = reply_timeout
-        self._pipe: _Pipe | None = None
+        self._primary_only = primary_only
+        self._on_load = on_load
+        self.pipe: _Pipe | None = None
         self._connecting: asyncio.Future[_Pipe] | None = None
         self._loading: dict[str, asyncio.Future[Any]] = {}
-        self.script_loads = 0  # how often a script was (re)loaded: tests, diagnostics
 
-    async def run(self, script: Script, keys: list[str], args: list[Any], *,
-                  grace: float = 0.0) -> Any:
-        """The script's reply. Raises redis-py's ConnectionError or TimeoutError when Redis
-        does not answer, and ResponseError for an error the script raised. ``grace``: how
-        long the call may wait to share a write with later calls while others are under
-        way (for work no request waits on: the next call carries it, or the grace's end
-        does)."""
-        frame = hiredis.pack_command(("EVALSHA", script.sha, len(keys), *keys, *args))
-        reply = await self._call(frame, grace)
-        if isinstance(reply, ResponseError):
-            if not str(reply).startswith("NOSCRIPT"):
-                raise reply
+    async def run(self, script: Script, frame: bytes, grace: float = 0.0, *,
+                  asking: bool = False) -> Any:
+        """The reply to ``frame`` (an EVALSHA of ``script``), loading the script if the
+        server lost it; an error reply is returned, not raised. ``asking``: after an
+        ``ASKING`` (a Cluster slot being migrated here)."""
+        reply = await self._send(frame, grace, asking)
+        if reply_error(reply, "NOSCRIPT"):
             # The server lost its script cache (restart, failover, SCRIPT FLUSH).
             await self._load(script)
-            reply = await self._call(frame)
-            if isinstance(reply, ResponseError):
-                raise NoScriptError(str(reply)) if str(reply).startswith("NOSCRIPT") else reply
+            reply = await self._send(frame, 0.0, asking)
+            if reply_error(reply, "NOSCRIPT"):
+                raise NoScriptError(str(reply))
         return reply
 
-    async def ping(self) -> None:
-        reply = await self._call(b"*1\r\n$4\r\nPING\r\n")
-        if isinstance(reply, ResponseError):
-            raise reply
+    async def _send(self, frame: bytes, grace: float, asking: bool) -> Any:
+        if not asking:
+            return await self.call(frame, grace)
+        pipe = await self._connected()
+        asked = pipe.call(ASKING)  # the same write: nothing comes between the two
+        reply = await pipe.call(frame)
+        await asked
+        return reply
 
     async def close(self) -> None:
         """Close the connection, once the calls made on it have their replies (a deferred
         call is written now)."""
-        pipe, self._pipe = self._pipe, None
-        if pipe is None or pipe.closed:
-            return
+        pipe, self.pipe = self.pipe, None
+        if pipe is not None and not pipe.closed:
+            await self._close(pipe)
+
+    def retire(self) -> None:
+        """Stop using the connection (its server is no longer the one to use): the next
+        call opens a new one; the calls already on it get their replies first."""
+        pipe, self.pipe = self.pipe, None
+        if pipe is not None and not pipe.closed:
+            task = asyncio.ensure_future(self._close(pipe))
+            task.add_done_callback(lambda done: done.cancelled() or done.exception())
+
+    async def _close(self, pipe: _Pipe) -> None:
         pipe.write()
         if pending := pipe.pending():
             await asyncio.wait(pending, timeout=self._reply_timeout)
@@ -206,18 +232,19 @@ class RedisScripts:
         loading = self._loading.get(script.sha)
         if loading is None:
             loading = self._loading[script.sha] = asyncio.ensure_future(
-                self._call(hiredis.pack_command(("SCRIPT", "LOAD", script.text))))
+                self.call(hiredis.pack_command(("SCRIPT", "LOAD", script.text))))
             loading.add_done_callback(lambda _: self._loading.pop(script.sha, None))
-            self.script_loads += 1
+            self._on_load()
         sha = await asyncio.shield(loading)
         if isinstance(sha, ResponseError):
             raise sha
 
-    async def _call(self, frame: bytes, grace: float = 0.0) -> Any:
-        pipe = self._pipe
+    async def call(self, frame: bytes, grace: float = 0.0) -> Any:
+        pipe = self.pipe
         fresh = pipe is None or pipe.closed
         if fresh:
             pipe = await self._connected()
+        assert pipe is not None
         try:
             return await pipe.call(frame, grace)  # its watchdog bounds the wait
         except RedisConnectionError:
@@ -229,9 +256,9 @@ class RedisScripts:
 
     async def _connected(self) -> _Pipe:
         """The open connection, opened now if there is none; callers that arrive while it
-        is being opened share it."""
-        if self._pipe is not None and not self._pipe.closed:
-            return self._pipe
+        is being opened share it. Failing to open one raises NotConnected."""
+        if self.pipe is not None and not self.pipe.closed:
+            return self.pipe
         if self._connecting is not None:
             return await asyncio.shield(self._connecting)
         connecting = self._connecting = asyncio.get_running_loop().create_future()
@@ -239,14 +266,14 @@ class RedisScripts:
             pipe = await asyncio.wait_for(self._open(), self._connect_timeout)
         except BaseException as exc:
             if isinstance(exc, TimeoutError):
-                failure: Exception = RedisTimeoutError("Redis did not accept a connection "
-                                                       f"within {self._connect_timeout:g}s")
+                failure: Exception = NotConnected("Redis did not accept a connection "
+                                                  f"within {self._connect_timeout:g}s")
             elif isinstance(exc, OSError):
-                failure = RedisConnectionError(f"Redis is not reachable: {exc}")
+                failure = NotConnected(f"Redis is not reachable: {exc}")
             elif isinstance(exc, RedisConnectionError):
-                failure = exc
+                failure = exc if isinstance(exc, NotConnected) else NotConnected(str(exc))
             else:  # cancelled, or a bug: whoever shares the attempt fails too
-                failure = RedisConnectionError(f"opening the connection failed: {exc!r}")
+                failure = NotConnected(f"opening the connection failed: {exc!r}")
             connecting.set_exception(failure)
             connecting.exception()  # retrieved here: no "never retrieved" warning
             if failure is exc or not isinstance(exc, Exception):
@@ -254,7 +281,7 @@ class RedisScripts:
             raise failure from exc
         finally:
             self._connecting = None
-        self._pipe = pipe
+        self.pipe = pipe
         connecting.set_result(pipe)
         return pipe
 
@@ -273,9 +300,18 @@ class RedisScripts:
                 tls = ssl.create_default_context(cafile=options.get("ssl_ca_certs"))
                 if str(options.get("ssl_cert_reqs", "required")).lower() in ("none", "0"):
                     tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
-            _, pipe = await loop.create_connection(
-                new_pipe, options.get("host", "localhost"), int(options.get("port", 6379)),
-                ssl=tls)
+            host, port = (await self._locate() if self._locate is not None else
+                          (options.get("host", "localhost"), int(options.get("port", 6379))))
+            _, pipe = await loop.create_connection(new_pipe, host, port, ssl=tls)
+        try:
+            await self._handshake(pipe)
+        except BaseException:
+            pipe.abort(RedisConnectionError("handshake failed"))
+            raise
+        return pipe
+
+    async def _handshake(self, pipe: _Pipe) -> None:
+        options = self._options
         handshake = []
         if options.get("password") is not None:
             credentials = ([options["username"]] if options.get("username") else []) + [
@@ -283,10 +319,13 @@ class RedisScripts:
             handshake.append(pipe.call(hiredis.pack_command(("AUTH", *credentials))))
         if options.get("db"):
             handshake.append(pipe.call(hiredis.pack_command(("SELECT", options["db"]))))
-        for reply in await asyncio.gather(*handshake):
+        if self._primary_only:
+            handshake.append(pipe.call(hiredis.pack_command(("ROLE",))))
+        replies = await asyncio.gather(*handshake)
+        for reply in replies:
             if isinstance(reply, ResponseError):
-                pipe.abort(RedisConnectionError("handshake refused"))
                 # Redis's own words (never the password): "WRONGPASS ...", "NOAUTH ...".
                 raise RedisConnectionError(f"Redis refused the connection: {reply}")
-        return pipe
-
+        if self._primary_only and replies[-1][0] != b"master":
+            raise RedisConnectionError("the server named as the primary is a "
+                                       f"{replies[-1][0].decode()} (a failover under way)")

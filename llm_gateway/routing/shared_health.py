@@ -25,6 +25,7 @@ from llm_gateway.routing.health import CLEAN, Evidence, HealthBook, Outcome, app
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
 
 log = logging.getLogger("llm_gateway.routes")
 
@@ -117,20 +118,21 @@ class SharedHealth:
 
 
 class RedisEvidence:
-    """One hash per target, updated in an optimistic transaction."""
+    """One hash per target, updated in an optimistic transaction (one key: one Cluster
+    slot)."""
 
     backend = "Redis"
 
     def __init__(self, redis_url: str, *, namespace: str = "llmg") -> None:
         # redis-py is imported by what uses it: a process without REDIS_URL saves ~8 MiB.
-        from redis.asyncio import Redis
+        from llm_gateway.redis_scripts.plain import plain_client
 
-        self._redis: Redis = Redis.from_url(redis_url, socket_timeout=2.0,
-                                           socket_connect_timeout=1.0)
+        self._redis: Redis | RedisCluster = plain_client(redis_url, socket_timeout=2.0,
+                                                        socket_connect_timeout=1.0)
         self._prefix = f"{namespace}:health:"
 
     async def update(self, target: str, change: Change) -> None:
-        from redis.exceptions import RedisError, WatchError
+        from redis.exceptions import WatchError
 
         key = self._prefix + target
         try:
@@ -146,23 +148,29 @@ class RedisEvidence:
                         return
                     except WatchError:
                         continue
-        except (RedisError, OSError) as exc:
+        except _redis_errors() as exc:
             raise EvidenceUnavailable(type(exc).__name__) from exc
 
     async def read(self, targets: list[str]) -> dict[str, Evidence]:
-        from redis.exceptions import RedisError
-
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for target in targets:
                     pipe.hgetall(self._prefix + target)
                 rows = await pipe.execute()
-        except (RedisError, OSError) as exc:
+        except _redis_errors() as exc:
             raise EvidenceUnavailable(type(exc).__name__) from exc
         return {target: _evidence(row) for target, row in zip(targets, rows, strict=True) if row}
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+def _redis_errors() -> tuple[type[Exception], ...]:
+    """What redis-py raises when Redis does not answer (its Cluster client's
+    "unreachable" is no RedisError)."""
+    from redis.exceptions import RedisClusterException, RedisError
+
+    return RedisError, RedisClusterException, OSError
 
 
 class _Transactions(Protocol):
