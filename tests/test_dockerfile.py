@@ -201,7 +201,7 @@ def _llm_gateway() -> str:
     return str(script)
 
 
-EXPECTED_SUBCOMMANDS = ["injector", "migrate", "serve", "sidecar"]
+EXPECTED_SUBCOMMANDS = ["injector", "migrate", "reconcile", "serve", "sidecar"]
 
 
 def test_the_manifests_use_every_role_of_the_image() -> None:
