@@ -33,6 +33,14 @@ bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	$(PY) -m bench.run $(BENCH_ARGS)
 
+# The chaos soak (not in CI; about 12 minutes): `serve --workers 2` on a Postgres and a Redis
+# of its own, the fake upstream failing and stalling, Redis killed, Postgres restarted, a
+# worker SIGKILLed; table on stdout, JSON in bench/results/. SOAK_ARGS: e.g. --seconds 60.
+.PHONY: soak-chaos
+SOAK_ARGS ?=
+soak-chaos: $(STAMP)
+	$(PY) -m bench.chaos $(SOAK_ARGS)
+
 # The documentation site (mkdocs.yml, docs/): built strictly into site/ (a broken link or
 # anchor, or a page left out of the navigation, fails it); docs-serve serves it with live
 # reload on http://127.0.0.1:8000; docs-reference writes the pages generated from the code
