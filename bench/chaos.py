@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
+import shutil
 import tempfile
 import threading
 import time
@@ -331,10 +333,17 @@ def soak(seconds: float, rate: float, stream_share: float, seed: int) -> dict[st
         if upstream is not None:
             upstream.kill()
         redis.kill()
-        try:
+        with contextlib.suppress(RuntimeError):  # stopped already
             postgres.stop("immediate")
-        except Exception as failure:  # already stopped: nothing to do
-            print(f"(postgres stop: {failure})")
+        _keep_log_and_clean(directory)
+
+
+def _keep_log_and_clean(directory: Path) -> None:
+    """The gateway's log into bench/results/ (beside the JSON), the rest removed."""
+    RESULTS.mkdir(exist_ok=True)
+    if (directory / "serve.log").exists():
+        shutil.copy(directory / "serve.log", RESULTS / "chaos-serve-last.log")
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:

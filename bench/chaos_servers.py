@@ -22,6 +22,13 @@ from pathlib import Path
 from bench.procstat import process_tree
 
 BIN = Path(sys.executable).parent
+# This checkout's gateway, whatever the environment's editable install points at.
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def _this_checkout(env: dict[str, str]) -> dict[str, str]:
+    return {**env, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(CHECKOUT), env.get("PYTHONPATH", "")]))}
 
 
 def free_port() -> int:
@@ -124,7 +131,7 @@ class Gateway:
     def __init__(self, directory: Path, env: dict[str, str]) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, **env, "BIND_ADDR": f"127.0.0.1:{self.port}"}
+        self.env = _this_checkout({**os.environ, **env, "BIND_ADDR": f"127.0.0.1:{self.port}"})
         self.log = directory / "serve.log"
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -165,6 +172,7 @@ def faulty_upstream(seed: int) -> tuple[subprocess.Popen[bytes], str]:
     """bench.chaos_upstream in a process of its own; (process, base URL)."""
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "bench.chaos_upstream", "--port",
-                                str(port), "--seed", str(seed)])
+                                str(port), "--seed", str(seed)],
+                               env=_this_checkout(dict(os.environ)))
     wait_for(lambda: _listening(port), 30, "the fake upstream up")
     return process, f"http://127.0.0.1:{port}/api/v1"
