@@ -108,8 +108,16 @@ class PostgresStore(UsagePostgresMixin, AdminPostgresMixin, ReconcilePostgresMix
         await self._open()
         try:
             async with self.pool.connection() as conn:
-                yield conn
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                try:
+                    yield conn
+                except psycopg.errors.ReadOnlySqlTransaction:
+                    # Its server is read-only now (demoted after a switchover, or a
+                    # standby): closed, the pool drops it, and the next connection goes to
+                    # the host that is read-write (target_session_attrs=read-write).
+                    await conn.close()
+                    raise
+        except (psycopg.OperationalError, psycopg.InterfaceError,
+                psycopg.errors.ReadOnlySqlTransaction) as exc:
             raise StoreUnavailable(f"postgres: {type(exc).__name__}: {exc}") from exc
 
     async def _read(self, work: Callable[[Connection], Awaitable[T]]) -> T:
