@@ -427,9 +427,11 @@ class Gateway:
         takers, refused = [], ""
         for target in plan.targets:
             provider = plan.provider(target)
-            problem = crossing.refusal(protocol, provider.wire_for(protocol.wire),
-                                       profile_named(provider.profile), payload,
-                                       target.model, stream=stream)
+            wire = provider.wire_for(protocol.wire)
+            problem = (crossing.refusal(protocol, wire, profile_named(provider.profile),
+                                        payload, target.model, stream=stream)
+                       if endpoint.operation.crosses or wire in (None, protocol.wire) else
+                       f"{endpoint.path} has no translation for a target that speaks {wire}")
             if problem is None:
                 takers.append(target)
             else:

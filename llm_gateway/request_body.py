@@ -75,7 +75,10 @@ def _has_lone_surrogate(value: object) -> bool:
 def decode(body: bytes) -> object | Rejection:
     """The JSON document, or the 400 that refuses it."""
     try:
-        document = json.loads(body, object_pairs_hook=_unique_keys)
+        # Decoded strictly: json.loads decodes bytes with surrogatepass, which would read
+        # an encoded surrogate (b"\xed\xa0\x80", no UTF-8) as a lone surrogate. A BOM may
+        # lead (RFC 8259 lets a parser ignore it), as json.loads allowed.
+        document = json.loads(body.decode("utf-8-sig"), object_pairs_hook=_unique_keys)
     except _DuplicateKey as duplicate:
         return errors.invalid_request_body(
             f"The key '{duplicate}' appears more than once in an object of the body.")

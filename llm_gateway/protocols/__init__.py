@@ -30,12 +30,17 @@ RESOURCE = "{id}"
 @dataclass(frozen=True, slots=True)
 class Operation:
     """One endpoint's kind: its protocol, its name in usage records, whether its body is
-    read (a JSON object naming a model), whether its output is billed (budgets reserve)."""
+    read (a JSON object naming a model), whether its output is billed (budgets reserve),
+    whether its body takes an output cap (the budget's, written into it), whether a target
+    of another protocol can take it (a translator writes it there: a token count or a
+    compaction has none, and translated it would be a whole completion)."""
 
     protocol: OpenAICompatible
     name: str
     body: bool = True
     billed: bool = True
+    capped: bool = True
+    crosses: bool = True
 
 
 OPERATIONS: dict[tuple[str, str], Operation] = {
@@ -45,11 +50,13 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/models/{id}"): Operation(MODELS, "models.retrieve", body=False),
     ("POST", "/messages"): Operation(MESSAGES, "messages"),
     ("POST", "/messages/count_tokens"): Operation(MESSAGES, "messages.count_tokens",
-                                                  billed=False),
+                                                  billed=False, crosses=False),
     ("POST", "/responses"): Operation(RESPONSES, "responses"),
-    ("POST", "/responses/compact"): Operation(RESPONSES, "responses.compact"),
+    # Compaction takes no max_output_tokens (OpenAI refuses it as an unknown parameter).
+    ("POST", "/responses/compact"): Operation(RESPONSES, "responses.compact", capped=False,
+                                              crosses=False),
     ("POST", "/responses/input_tokens"): Operation(RESPONSES, "responses.input_tokens",
-                                                   billed=False),
+                                                   billed=False, crosses=False),
     ("GET", "/responses/{id}"): Operation(RESPONSES, "responses.retrieve", body=False),
     ("DELETE", "/responses/{id}"): Operation(RESPONSES, "responses.delete", body=False),
     ("POST", "/responses/{id}/cancel"): Operation(RESPONSES, "responses.cancel", body=False),
