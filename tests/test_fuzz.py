@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 from mitmproxy import http
 from mitmproxy.test import tflow, tutils
@@ -34,13 +34,14 @@ from llm_gateway.keys import new_key_record
 from llm_gateway.testing.fake_upstream import FakeUpstream
 from llm_gateway.wiring import build_gateway
 from tests.conftest import make_settings
+from tests.fuzzing import fuzz_settings
 
 CALL_TIMEOUT = 10.0
 # Generated requests carry this where a valid key goes; each call puts a fresh key there,
 # so the engine's per-key guards (rate limit, pause after failures) never pile up.
 KEY = "llmg_FUZZ_PLACEHOLDER"
-FUZZ = settings(max_examples=400, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = fuzz_settings(400)  # derandomized: the same requests on every run (tests/fuzzing.py)
+pytestmark = pytest.mark.slow_once  # the second pass (Postgres, Redis) adds nothing to it
 
 # ---- what is generated -------------------------------------------------------------------
 
