@@ -99,8 +99,7 @@ class Exchange:
         self.protocol = endpoint.protocol
         # How the request reaches the current target: as it came, or translated.
         self.crossing = Crossing(self.protocol)
-        if (payload is not None and self.quota.max_tokens is not None
-                and endpoint.operation.capped):
+        if payload is not None and self.quota.max_tokens is not None and endpoint.operation.capped:
             # The budget's cap, in the field the caller used.
             self.payload = self.protocol.with_output_cap(payload, self.quota.max_tokens)
             self._payload_changed = True

@@ -7,9 +7,10 @@ admin token. Every check schemathesis has runs on every answer but two
 documented; the Allow header, required headers, unsupported methods; ``ignored_auth``
 (an operation that answered 2xx refuses the same request without the token) and
 ``object_level_authorization``; ``use_after_free`` and ``ensure_resource_availability``
-run too, though they find nothing outside a stateful run. Beside it, every operation, with a valid request and an invalid one,
-is refused (401, as documented) without a token or with one that is none
-(``NOT_A_TOKEN``): ``ignored_auth`` sees only the operations that answered 2xx.
+run too, though they find nothing outside a stateful run. Beside it, every operation,
+with a valid request and an invalid one, is refused (401, as documented) without a token
+or with one that is none (``NOT_A_TOKEN``): ``ignored_auth`` sees only the operations
+that answered 2xx.
 
 Bounded: a fixed number of examples per operation, derandomized (the same requests on
 every run), no example database, no shrinking (a failure is reported as found, so a
