@@ -226,26 +226,23 @@ def settle_records(database_url: str, answers: list[Answer], patience: float = 1
 
 def budget_figures(gateway: Gateway, key_id: str, limit: Decimal, answers: list[Answer]
                    ) -> dict[str, object]:
-    shown = json.loads(gateway.cli("budgets", "show", "--key", key_id, "--json"))
-    spent = _spent_today(shown)
+    """The capped key's spend two ways: the ledger's (`budgets show`, what the budget
+    charged) and its usage records' (`usage report`, spend_usd), each against the limit."""
+    [shown] = [row for row in json.loads(gateway.cli("budgets", "show", "--json"))
+               if row.get("scope_id") == key_id]
+    ledger = Decimal(str(shown["spent_today_usd"]))
+    rows = json.loads(gateway.cli("usage", "report", "--by", "key", "--format", "json"))
+    recorded = sum((Decimal(str(row["spend_usd"])) for row in rows if row["key_id"] == key_id),
+                   Decimal(0))
     refused = [a for a in answers if a.key == "capped" and a.code == "insufficient_quota"]
     first = min((a.at for a in refused), default=None)
-    return {"limit_usd": str(limit), "spent_usd": str(spent),
-            "overshoot_usd": str(overshoot(spent, limit)),
+    return {"limit_usd": str(limit), "spent_usd": str(ledger),
+            "overshoot_usd": str(overshoot(ledger, limit)),
+            "recorded_spend_usd": str(recorded),
+            "recorded_overshoot_usd": str(overshoot(recorded, limit)),
             "refused_insufficient_quota": len(refused),
             "exhausted_after_s": None if first is None else round(first, 1),
             "shown": shown}
-
-
-def _spent_today(shown: object) -> Decimal:
-    """The daily USD spend out of `budgets show --json` (a list of budgets or one)."""
-    entries = shown if isinstance(shown, list) else [shown]
-    for entry in entries:
-        spend = entry.get("spend", entry) if isinstance(entry, dict) else {}
-        for name in ("daily_usd", "spent_daily_usd", "today_usd"):
-            if isinstance(spend, dict) and spend.get(name) is not None:
-                return Decimal(str(spend[name]))
-    raise RuntimeError(f"no daily USD spend in `budgets show --json`: {shown}")
 
 
 def tracebacks(log: Path) -> list[str]:

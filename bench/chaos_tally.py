@@ -128,8 +128,10 @@ def table(figures: Mapping[str, object]) -> str:
     row("no answer (recorded anyway)",
         f"{check['unanswered']} ({check['unmatched']})")
     budget = dict(figures["budget"])  # type: ignore[call-overload]
-    row("budget: limit, spent, overshoot (USD)",
-        f"{budget['limit_usd']}, {budget['spent_usd']}, {budget['overshoot_usd']}")
+    row("budget: limit; spent and overshoot by the ledger (USD)",
+        f"{budget['limit_usd']}; {budget['spent_usd']}, {budget['overshoot_usd']}")
+    row("budget: spent and overshoot by the usage records (USD)",
+        f"{budget['recorded_spend_usd']}, {budget['recorded_overshoot_usd']}")
     row("budget exhausted after", f"{budget['exhausted_after_s']} s")
     for event in figures["events"]:  # type: ignore[attr-defined]
         row(f"chaos at {event['at_s']} s", event["what"])
