@@ -44,7 +44,9 @@ class Answer:
             return f"200 stream ended by error event: {self.stream_error}"
         if self.status == 200:
             return "200"
-        return f"{self.status} {self.code or '(no code)'}"
+        # No code of the gateway's: the provider's answer to the last attempt, relayed as
+        # docs/providers.md says (its status kept).
+        return f"{self.status} {self.code or '(the provider error, relayed)'}"
 
     @property
     def refused_before_admission(self) -> bool:
