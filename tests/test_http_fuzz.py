@@ -367,6 +367,7 @@ def regressions(test: Any) -> Any:
 @given(sent=connection())
 def test_serve_reads_every_connection_as_h11_does(
         loop: asyncio.AbstractEventLoop, sent: tuple[bytes, list[bytes], list[int]]) -> None:
+    """What serve answers on a connection is what h11 reads of it (the module's rules)."""
     data, reads, turns = sent
     note(f"sent: {data!r}\nreads: {[len(read) for read in reads]}, turns: {turns}")
     oracle = verdict(data)
