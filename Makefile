@@ -26,7 +26,7 @@ PYTEST_ARGS ?=
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
 
 # The whole comparison (several minutes): table on stdout, JSON + PNG in bench/results/.
 bench: $(STAMP)
