@@ -97,8 +97,8 @@ dist: $(STAMP)
 	$(PY) -m build --no-isolation --outdir dist .
 
 # What a user installs, tried as they would: the wheel without extras in a fresh virtual
-# environment (the core's dependencies from the runtime lock), then its self-test, and the
-# sidecar saying which extra it needs. CI runs it, so a file the package needs but does
+# environment (the core's dependencies from the runtime lock), then its self-test, serve
+# started on SQLite, and the sidecar saying which extra it needs. CI runs it, so a file the package needs but does
 # not ship, or an optional library the core imports, fails there.
 wheel-check: dist
 	rm -rf $(VENV)-wheel
@@ -106,6 +106,7 @@ wheel-check: dist
 	$(VENV)-wheel/bin/pip install --quiet --require-hashes -r requirements/runtime.lock
 	$(VENV)-wheel/bin/pip install --quiet --no-deps dist/llm_gateway-*.whl
 	cd "$$(mktemp -d)" && $(CURDIR)/$(VENV)-wheel/bin/llm-gateway demo --check
+	$(VENV)-wheel/bin/python scripts/serve-starts $(VENV)-wheel/bin/llm-gateway
 	$(VENV)-wheel/bin/llm-gateway sidecar 2>&1 | grep "pip install 'llm-gateway\[sidecar\]'"
 
 # The container image (sidecar/Dockerfile: every role), built here with buildah: from the
