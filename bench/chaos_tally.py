@@ -21,6 +21,11 @@ REFUSAL_CODES = frozenset({
     "model_not_priced", "invalid_json", "invalid_request_body", "max_tokens_too_large",
 })
 
+# Codes given both ways: by routing before admission (every target DOWN: no record) and
+# after the attempts of an admitted request (one record) -- llm_gateway/routing/router.py
+# and relay.py. The client cannot tell which; the records say.
+EITHER_CODES = frozenset({"no_available_upstream", "upstream_overloaded"})
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -52,6 +57,11 @@ class Answer:
     def refused_before_admission(self) -> bool:
         return self.status != 200 and self.code in REFUSAL_CODES
 
+    @property
+    def either(self) -> bool:
+        """Refused before admission or admitted: only its records tell (EITHER_CODES)."""
+        return self.status != 200 and self.code in EITHER_CODES
+
 
 def kinds(answers: Iterable[Answer]) -> dict[str, int]:
     """How many answers of each kind, most first."""
@@ -67,10 +77,15 @@ def records_check(answers: Sequence[Answer], records: Mapping[str, int]) -> dict
     (``refusals_recorded``). ``unanswered_recorded``: records of requests the client got no
     answer to (a worker killed mid-request, a client timeout): admitted, so recorded, but
     not counted against ``admitted``. ``unmatched``: records no answer names at all."""
-    admitted = [a for a in answers if a.status != 0 and not a.refused_before_admission]
+    admitted = [a for a in answers
+                if a.status != 0 and not a.refused_before_admission and not a.either]
     refused = [a for a in answers if a.refused_before_admission]
+    either = [records.get(a.request_id or "", 0) for a in answers if a.either]
     named = {a.request_id for a in answers if a.request_id}
     return {
+        "either_way": len(either),
+        "either_way_recorded_once": either.count(1),
+        "either_way_doubled": sum(count > 1 for count in either),
         "admitted": len(admitted),
         "records": sum(records.values()),
         "admitted_recorded_once": sum(records.get(a.request_id or "", 0) == 1
@@ -127,6 +142,9 @@ def table(figures: Mapping[str, object]) -> str:
         f"{check['missing']} / {check['doubled']}")
     row("refusals before admission (recorded: must be 0)",
         f"{check['refusals']} ({check['refusals_recorded']})")
+    row("no_available_upstream / upstream_overloaded: answers (recorded once, doubled)",
+        f"{check['either_way']} ({check['either_way_recorded_once']}, "
+        f"{check['either_way_doubled']})")
     row("no answer (recorded anyway)",
         f"{check['unanswered']} ({check['unmatched']})")
     budget = dict(figures["budget"])  # type: ignore[call-overload]

@@ -21,13 +21,16 @@ def test_records_are_checked_against_admitted_answers_by_request_id() -> None:
         Answer("k", False, 429, "insufficient_quota", "r4"),
         Answer("k", False, 503, "rate_limiter_unavailable", "r5"),
         Answer("k", True, 0, "RemoteProtocolError", None),
+        Answer("k", False, 503, "no_available_upstream", "r6"),  # refused by routing
+        Answer("k", False, 503, "no_available_upstream", "r7"),  # admitted, all tried
     ]
-    records = {"r1": 1, "r2": 2, "r5": 1, "r9": 1}
+    records = {"r1": 1, "r2": 2, "r5": 1, "r7": 1, "r9": 1}
     check = records_check(answers, records)
     assert check["admitted"] == 3  # the 502 was admitted; the 429 and 503 refused before
     assert (check["admitted_recorded_once"], check["missing"], check["doubled"]) == (1, 1, 1)
     assert (check["refusals"], check["refusals_recorded"]) == (2, 1)
     assert (check["unanswered"], check["unmatched"]) == (1, 1)
+    assert (check["either_way"], check["either_way_recorded_once"]) == (2, 1)
 
 
 def test_answers_are_counted_by_kind() -> None:
