@@ -93,8 +93,10 @@ audit: $(STAMP)
 
 # The wheel and the sdist, from the locked build backend.
 dist: $(STAMP)
-	rm -rf dist/*.whl dist/*.tar.gz
-	$(PY) -m build --no-isolation --outdir dist .
+	mkdir -p dist && rm -rf dist/*.whl dist/*.tar.gz
+	$(PY) -m build --no-isolation --outdir dist . > dist/build.log 2>&1 \
+		|| { cat dist/build.log; exit 1; }
+	@tail -n 1 dist/build.log
 
 # What a user installs, tried as they would: the wheel without extras in a fresh virtual
 # environment (the core's dependencies from the runtime lock), then its self-test, serve
