@@ -240,7 +240,8 @@ async def test_redis_keys_expire_with_their_binding(
             ttl_ms = reader.pttl(binding_key(made.response_id, owners.namespace))
         finally:
             reader.close()
-        assert 55_000 < ttl_ms <= 60_000
+        # binding() rounds its time to the millisecond, up as often as down: up to 1 ms more.
+        assert 55_000 < ttl_ms <= 60_001
 
 
 @pytest.mark.parametrize("backend", SQL_BACKENDS)
