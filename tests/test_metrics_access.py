@@ -27,7 +27,7 @@ from llm_gateway.config import HostPort, Secret, Settings
 from llm_gateway.telemetry.metrics_access import loopback, metrics_refusal
 from llm_gateway.wiring import build_gateway
 from tests.conftest import make_settings
-from tests.support import create_key, serve_in_thread
+from tests.support import create_key, need_service, serve_in_thread
 from tests.test_sidecar import (  # noqa: F401
     ca_dir,
     in_process_gateway,
@@ -46,8 +46,8 @@ def public_address() -> str:
             address = probe.getsockname()[0]
         except OSError:
             address = ""
-    if not address or address.startswith("127."):
-        pytest.skip("this machine has no address besides loopback")
+    need_service("an address of this machine besides loopback",
+                 bool(address) and not address.startswith("127."))
     return address
 
 
