@@ -3,8 +3,10 @@ server settings live. Several listeners (the public one, the admin one) share on
 and one event loop, so they share the gateway too.
 
 With ``WORKERS`` above 1 a small supervisor (``run_workers``) binds the listeners once and
-forks that many workers, each serving on the inherited sockets (the kernel hands each new
-connection to one of them) with a gateway of its own. Every worker serves the admin
+forks that many workers, each serving on inherited sockets with a gateway of its own.
+Where the platform has ``SO_REUSEPORT`` each worker slot has a public socket of its own
+and the kernel spreads new connections across them (adapters/listeners.py); elsewhere the
+workers share one socket and whichever is awake first accepts. Every worker serves the admin
 listener too: the workers stay alike, so a dead or replaced worker takes nothing with it.
 SIGTERM or SIGINT stops the workers gracefully; a worker that dies is started again;
 SIGHUP reads the settings again and replaces the workers one by one, each old one stopped
@@ -29,19 +31,23 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
 
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
 from llm_gateway.adapters.gateway_protocol import server_options
+from llm_gateway.adapters.listeners import (
+    Listeners,
+    bind_another,
+    bind_listeners,
+    bind_side,
+    reuse_port_available,
+)
 from llm_gateway.config import ConfigError, HostPort, Settings
 
 log = logging.getLogger("llm_gateway")
-
-BACKLOG = 2048  # uvicorn's default
-
 
 def server_config(app: object, bind: HostPort, settings: Settings) -> uvicorn.Config:
     """uvicorn's settings for every listener of the gateway."""
@@ -66,53 +72,6 @@ def server_config(app: object, bind: HostPort, settings: Settings) -> uvicorn.Co
     )
 
 
-def _bind(bind: HostPort) -> socket.socket:
-    """A listening socket on ``bind``; OSError when the address is taken."""
-    family = socket.AF_INET6 if ":" in bind.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((bind.host, bind.port))
-        # Listening from now on: connections wait in the backlog while workers start.
-        sock.listen(BACKLOG)
-    except OSError:
-        sock.close()
-        raise
-    log.info("listening on http://%s", bind)
-    return sock
-
-
-def _bind_side(bind: HostPort) -> socket.socket | None:
-    """A side listener's socket, or None (logged) when the address is taken: the public
-    API must not go down because the admin port is."""
-    try:
-        return _bind(bind)
-    except OSError as exc:
-        log.error("listener %s not started: %s (choose another address, or `off`)",
-                  bind, exc.strerror)
-        return None
-
-
-def bind_listeners(public: HostPort, side: Sequence[HostPort] = ()) -> Listeners:
-    """The public listener (OSError when its address is taken) and each side listener
-    whose address is free, bound before anything else starts."""
-    sock = _bind(public)
-    return Listeners(sock, {bind: side_sock for bind in side
-                            if (side_sock := _bind_side(bind)) is not None})
-
-
-@dataclass(frozen=True, slots=True)
-class Listeners:
-    """Sockets bound before the servers start (by the supervisor, for its workers)."""
-
-    public: socket.socket
-    side: dict[HostPort, socket.socket] = field(default_factory=dict)
-
-    def close(self) -> None:
-        for sock in (self.public, *self.side.values()):
-            sock.close()
-
-
 def _exit_cleanly(signum: int, frame: FrameType | None) -> None:
     """SIGTERM outside uvicorn's own handler: before it is installed, and when it raises
     the signal again after a graceful shutdown. A process told to stop that stopped did
@@ -134,7 +93,7 @@ def run_server(app: object, settings: Settings,
         (uvicorn.Server(server_config(app, settings.bind, settings)),
          [listeners.public] if listeners else None)]
     for side_app, bind in also:
-        sock = listeners.side.get(bind) if listeners else _bind_side(bind)
+        sock = listeners.side.get(bind) if listeners else bind_side(bind)
         if sock is not None:
             servers.append((uvicorn.Server(server_config(side_app, bind, settings)), [sock]))
     signal.signal(signal.SIGTERM, _exit_cleanly)
@@ -209,13 +168,16 @@ def run_workers(settings: Settings, worker: WorkerMain, *, side: Sequence[HostPo
     one and each of ``side``) until SIGTERM or SIGINT; the exit status: 0 when every worker
     stopped cleanly. ``reload_settings`` reads the settings again (SIGHUP)."""
     try:
-        listeners = bind_listeners(settings.bind, side)
+        listeners = bind_listeners(settings.bind, side, reuse_port=reuse_port_available())
     except OSError as exc:
         log.error("cannot listen on %s: %s", settings.bind, exc.strerror)
         return STARTUP_FAILURE
+    supervisor = _Supervisor(settings, listeners, worker, reload_settings)
     try:
-        return _Supervisor(settings, listeners, worker, reload_settings).run()
+        return supervisor.run()
     finally:
+        for sock in supervisor.own_sockets.values():
+            sock.close()
         listeners.close()
 
 
@@ -234,6 +196,15 @@ class _Supervisor:
                  reload_settings: Callable[[], Settings] | None) -> None:
         self.settings = settings
         self.listeners = listeners
+        # Slot -> its own public socket (SO_REUSEPORT), bound when the slot's first worker
+        # starts: until then the kernel hands every connection to the sockets that are
+        # served. Slot 0 has the first one, ``listeners.public``. The socket outlives its
+        # workers: a restarted or reloaded worker of the slot serves the same one, and
+        # while the slot has no worker (a restart: about RESTART_DELAY_SECONDS plus a
+        # start) the connections the kernel hashes to it wait in its backlog rather than
+        # go to another worker; closing it instead would reset the ones waiting there.
+        self.own_sockets: dict[int, socket.socket] = {}
+        self.reuse_port = reuse_port_available()
         self.worker_main = worker
         self.reload_settings = reload_settings
         self.pid = os.getpid()
@@ -287,10 +258,11 @@ class _Supervisor:
         read_end, write_end = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
+        listeners = self._listeners_of(slot)
         pid = os.fork()
         if pid == 0:  # the worker: never returns
             os.close(read_end)
-            self._become_worker(settings, write_end)
+            self._become_worker(settings, listeners, write_end)
         os.close(write_end)
         worker = _Worker(pid, slot, read_end, time.monotonic())
         self.workers[pid] = worker
@@ -298,7 +270,21 @@ class _Supervisor:
         log.info("worker %d starting (pid %d)", slot, pid)
         return worker
 
-    def _become_worker(self, settings: Settings, started_pipe: int) -> None:
+    def _listeners_of(self, slot: int) -> Listeners:
+        """The listeners slot ``slot``'s workers serve: its own public socket where the
+        platform has SO_REUSEPORT (bound on its first start), else the shared one."""
+        if not self.reuse_port or slot == 0:
+            return self.listeners
+        if slot not in self.own_sockets:
+            try:
+                self.own_sockets[slot] = bind_another(self.listeners.public)
+            except OSError as exc:
+                log.warning("worker %d shares worker 0's socket: %s", slot, exc.strerror)
+                return self.listeners
+        return dataclasses.replace(self.listeners, public=self.own_sockets[slot])
+
+    def _become_worker(self, settings: Settings, listeners: Listeners,
+                       started_pipe: int) -> None:
         status = 1
         try:
             signal.set_wakeup_fd(-1)
@@ -311,12 +297,15 @@ class _Supervisor:
             self.selector.close()
             for fd in (*self.wake, *(worker.pipe for worker in self.workers.values())):
                 os.close(fd)
+            for sock in (self.listeners.public, *self.own_sockets.values()):
+                if sock is not listeners.public:
+                    sock.close()  # another slot's: only the supervisor keeps them
 
             def started() -> None:
                 with contextlib.suppress(OSError):  # the supervisor is gone: we stop too
                     os.write(started_pipe, b"s")
 
-            status = self.worker_main(settings, self.listeners, started)
+            status = self.worker_main(settings, listeners, started)
         except SystemExit as exc:
             status = _status_of(exc.code)
         except KeyboardInterrupt:
