@@ -34,6 +34,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -321,8 +322,10 @@ def _workers(context: Context, environment: Environment) -> dict[str, Any]:
                 fake_pid = environment.fake_process.pid
                 before = (time.monotonic(), cpu_seconds(target.process.pid),  # type: ignore[union-attr]
                           cpu_seconds(fake_pid))
+                held = _sample_connections(target, plan.workers_step.seconds)
                 result = generator.run(target.endpoint, target.chat_request(), concurrency,
                                        plan.workers_step)
+                held.join()
                 elapsed = time.monotonic() - before[0]
                 gateway_cores = (cpu_seconds(target.process.pid) - before[1]) / elapsed  # type: ignore[union-attr]
                 upstream_cores = (cpu_seconds(fake_pid) - before[2]) / elapsed
@@ -334,10 +337,12 @@ def _workers(context: Context, environment: Environment) -> dict[str, Any]:
                     "error_samples": result.error_samples,
                     "gateway_cores": round(gateway_cores, 2),
                     "upstream_cores": round(upstream_cores, 2),
+                    "connections_per_worker": held.counts,
                 })
                 say(f"  {target.name} c={concurrency}: {result.throughput_rps:.0f} req/s, "
                     f"errors {result.errors}/{result.requests}, gateway {gateway_cores:.2f} "
-                    f"cores, fake upstream {upstream_cores:.2f}")
+                    f"cores, fake upstream {upstream_cores:.2f}"
+                    + (f", connections per worker {held.counts}" if held.counts else ""))
         processes = {label: len(_tree(target)) for label, target in (("one", one), ("two", two))}
     best_one = best_zero_error_step(steps["one"])  # type: ignore[arg-type]
     best_two = best_zero_error_step(steps["two"])  # type: ignore[arg-type]
@@ -353,6 +358,30 @@ def _workers(context: Context, environment: Environment) -> dict[str, Any]:
         "ratio": round(ratio, 3) if ratio is not None else None,
         "per_core_ratio": _per_core_ratio(best_one, best_two),
     }
+
+
+class _ConnectionSample(threading.Thread):
+    """Each worker's client connections, read once halfway through a step (the load
+    generator holds its connections open then); empty for one process or no /proc."""
+
+    def __init__(self, target: Target, seconds: float | None) -> None:
+        super().__init__(daemon=True)
+        self.target, self.delay = target, (seconds or 1.0) / 2
+        self.counts: list[int] = []
+
+    def run(self) -> None:
+        from bench.procstat import connections_per_worker
+
+        time.sleep(self.delay)
+        if self.target.process is not None:
+            self.counts = connections_per_worker(self.target.process.pid,
+                                                 self.target.endpoint.port)
+
+
+def _sample_connections(target: Target, seconds: float | None) -> _ConnectionSample:
+    sample = _ConnectionSample(target, seconds)
+    sample.start()
+    return sample
 
 
 def _per_core_ratio(one: Mapping[str, Any] | None,

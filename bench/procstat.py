@@ -110,3 +110,33 @@ def raise_fd_limit(wanted: int = FD_LIMIT) -> int:
     except (ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         return hard
+
+
+def connections_held(pid: int, port: int) -> int:
+    """The established TCP connections to local ``port`` that process ``pid`` holds (Linux
+    /proc, IPv4): a worker's accepted clients; 0 where /proc cannot tell."""
+    inodes = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return 0
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    try:
+        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return 0
+    return sum(1 for fields in map(str.split, lines)
+               if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port
+               and fields[9] in inodes)
+
+
+def connections_per_worker(supervisor: int, port: int) -> list[int]:
+    """Each worker's (child's) established connections to ``port``, largest first."""
+    return sorted((connections_held(child, port) for child in _children(supervisor)),
+                  reverse=True)
