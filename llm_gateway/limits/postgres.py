@@ -28,14 +28,9 @@ from llm_gateway.limits import (
 from llm_gateway.stores import StoreUnavailable
 from llm_gateway.stores.postgres import PostgresStore
 
-# `clock` is referenced twice, so Postgres evaluates it once: the window the row is
-# counted in and the `now` returned for Retry-After come from the same instant.
-# A refused request updates nothing and returns NULL as its count. A row whose window
-# is newer than this statement's (a concurrent statement crossed the boundary first)
-# is never moved back. `need` is the room the window must have: 1 for a request (counted
-# while the window has room, whatever its cost), the whole amount for a lease
-# (limits.lease_in_window).
-_TAKE = """
+# The statement's one instant, and the count of the guard's window at it (a key's budget of
+# failed upstream requests), which both kinds of limit read.
+_CLOCK_AND_GUARD = """
 WITH clock AS (SELECT extract(epoch FROM clock_timestamp())::float8 AS now),
 guard AS (
     SELECT coalesce((SELECT request_count FROM rate_limit_windows g, clock
@@ -43,7 +38,16 @@ guard AS (
                          to_timestamp(floor(now / %(guard_window)s) * %(guard_window)s)), 0)
         AS count
 ),
-counted AS (
+"""
+
+# `clock` is referenced twice, so Postgres evaluates it once: the window the row is
+# counted in and the `now` returned for Retry-After come from the same instant.
+# A refused request updates nothing and returns NULL as its count. A row whose window
+# is newer than this statement's (a concurrent statement crossed the boundary first)
+# is never moved back. `need` is the room the window must have: 1 for a request (counted
+# while the window has room, whatever its cost), the whole amount for a lease
+# (limits.lease_in_window).
+_TAKE = _CLOCK_AND_GUARD + """counted AS (
     INSERT INTO rate_limit_windows AS w (bucket, window_start, request_count)
     SELECT %(bucket)s, to_timestamp(floor(now / %(window)s) * %(window)s), %(cost)s
     FROM clock, guard WHERE guard.count < %(guard_limit)s AND %(need)s <= %(limit)s
@@ -78,15 +82,7 @@ SELECT coalesce((SELECT request_count FROM rate_limit_windows w
 # nothing.
 _REFILLED = ("least(%(burst)s::float8, b.tokens + greatest(0, {now} - b.refilled_at)"
              " * (%(limit)s::float8 / %(window)s))")
-_TAKE_BUCKET = """
-WITH clock AS (SELECT extract(epoch FROM clock_timestamp())::float8 AS now),
-guard AS (
-    SELECT coalesce((SELECT request_count FROM rate_limit_windows g, clock
-                     WHERE g.bucket = %(guard)s AND g.window_start =
-                         to_timestamp(floor(now / %(guard_window)s) * %(guard_window)s)), 0)
-        AS count
-),
-before AS (
+_TAKE_BUCKET = _CLOCK_AND_GUARD + """before AS (
     SELECT """ + _REFILLED.format(now="now") + """ AS level
     FROM rate_limit_buckets b, clock WHERE b.bucket = %(bucket)s FOR UPDATE OF b
 ),
