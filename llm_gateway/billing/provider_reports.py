@@ -159,14 +159,7 @@ class OpenAILedger:
         return _paged(body, stream)
 
     def rows(self, stream: Stream, items: list[Any]) -> list[Billed]:
-        rows = []
-        for index, bucket in enumerate(items):
-            where = f"openai {stream.name}.data[{index}]"
-            day, results = _results(bucket, where, "start_time")
-            for result in results:
-                rows.append(self._usage(day, result, where) if stream.name == "usage"
-                            else self._cost(day, result, where))
-        return rows
+        return _daily_rows(self, "openai", "start_time", stream, items)
 
     @staticmethod
     def _usage(day: str, result: Mapping[str, Any], where: str) -> Billed:
@@ -190,6 +183,20 @@ class OpenAILedger:
                       Figures(usd=_decimal(amount.get("value"), f"{where}.amount.value")))
 
 
+def _daily_rows(ledger: Any, provider: str, start: str, stream: Stream,
+                items: list[Any]) -> list[Billed]:
+    """The rows of a report of daily buckets (OpenAI's and Anthropic's alike: each bucket
+    has its start under ``start`` and its ``results``), read by ``ledger``'s _usage or
+    _cost as the stream is the usage or the cost report."""
+    rows = []
+    for index, bucket in enumerate(items):
+        where = f"{provider} {stream.name}.data[{index}]"
+        day, results = _results(bucket, where, start)
+        read = ledger._usage if stream.name == "usage" else ledger._cost
+        rows += [read(day, result, where) for result in results]
+    return rows
+
+
 class AnthropicLedger:
     kind = "anthropic"
     compared = tuple(name for name in FIGURES if name != "requests")
@@ -209,14 +216,7 @@ class AnthropicLedger:
         return _paged(body, stream)
 
     def rows(self, stream: Stream, items: list[Any]) -> list[Billed]:
-        rows = []
-        for index, bucket in enumerate(items):
-            where = f"anthropic {stream.name}.data[{index}]"
-            day, results = _results(bucket, where, "starting_at")
-            for result in results:
-                rows.append(self._usage(day, result, where) if stream.name == "usage"
-                            else self._cost(day, result, where))
-        return rows
+        return _daily_rows(self, "anthropic", "starting_at", stream, items)
 
     @staticmethod
     def _usage(day: str, result: Mapping[str, Any], where: str) -> Billed:
